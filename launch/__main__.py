@@ -1,0 +1,31 @@
+"""`python -m launch {list,render,run}`: bad input exits 2 with one message, nothing started."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from launch.commands import list_cmd, render_cmd, run_cmd
+from launch.errors import USAGE_EXIT, ProfileError
+
+COMMANDS = (list_cmd, render_cmd, run_cmd)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m launch", description=__doc__)
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    handlers = {}
+    for module in COMMANDS:
+        module.add_parser(subparsers)
+        handlers[module.NAME] = module.run
+    args = parser.parse_args(argv)
+    try:
+        return handlers[args.command](args)
+    except ProfileError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return USAGE_EXIT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

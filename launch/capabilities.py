@@ -1,0 +1,271 @@
+"""What the installed vLLM provides, detected from its source tree, never assumed.
+
+Some knobs of the qualified configurations exist only in the fork that qualified them (B12X PCIe
+all-reduce, complete-KV gather under DCP, the KDA decode selector, the B12X sparse-MLA attention
+backend). A knob that no code reads is silently ignored by vLLM, which is exactly how a wrong
+geometry goes unnoticed. So each knob a profile uses becomes a requirement; the requirement is met
+when the installed vLLM's Python source reads that name (or registers that attention backend).
+A missing requirement refuses the start unless the user names its fallback; the run is then
+marked unqualified.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import importlib.metadata
+import importlib.util
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from launch.errors import ProfileError
+from launch.profile import Profile
+
+_ENUM_MEMBER = re.compile(r"^\s{4}([A-Z][A-Z0-9_]*)\s*=", re.MULTILINE)
+_REGISTRY = Path("v1/attention/backends/registry.py")
+
+
+@dataclass(frozen=True)
+class VllmInstall:
+    """A vLLM package directory, read as text (importing vLLM would pull in torch and CUDA)."""
+
+    root: Path
+    version: str
+
+    @cached_property
+    def _sources(self) -> tuple[str, ...]:
+        return tuple(
+            path.read_text(encoding="utf-8", errors="replace")
+            for path in sorted(self.root.rglob("*.py"))
+        )
+
+    def reads(self, token: str) -> bool:
+        """True when some vLLM source file contains `token` (an env var or config key name)."""
+        return any(token in text for text in self._sources)
+
+    @cached_property
+    def attention_backends(self) -> frozenset[str]:
+        """Names of `AttentionBackendEnum` members in this vLLM."""
+        path = self.root / _REGISTRY
+        if not path.is_file():
+            return frozenset()
+        text = path.read_text(encoding="utf-8")
+        start = text.find("class AttentionBackendEnum")
+        end = text.find("\nclass ", start + 1)
+        return frozenset(_ENUM_MEMBER.findall(text[start : end if end > 0 else None]))
+
+
+def find_vllm(root: str | Path | None = None) -> VllmInstall | None:
+    """The vLLM at `root` (a package directory) or the importable one; None if there is none."""
+    if root is None:
+        spec = importlib.util.find_spec("vllm")
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        path = Path(next(iter(spec.submodule_search_locations)))
+    else:
+        path = Path(root)
+        if not (path / "__init__.py").is_file():
+            raise ProfileError(
+                "--vllm-root",
+                str(root),
+                "is not a vLLM package directory",
+                "point it at the directory that holds vllm/__init__.py",
+            )
+    return VllmInstall(path, _version_of(path))
+
+
+def _version_of(path: Path) -> str:
+    version_file = path / "_version.py"
+    if version_file.is_file():
+        match = re.search(
+            r"""__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""",
+            version_file.read_text(encoding="utf-8"),
+        )
+        if match:
+            return match.group(1)
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """A knob the profile uses and the evidence that the installed vLLM honours it."""
+
+    name: str  # the fallback name a user passes to accept running without it
+    field: str  # profile path of the knob
+    value: str
+    needs: str  # what must be true of vLLM, for the message
+    fallback: str  # what running without it means
+    met: Callable[[VllmInstall], bool]
+    drop: Callable[[Profile], Profile]
+    expect_dropped: tuple[str, ...]
+
+
+def _replace(p: Profile, **engine_or_features: object) -> Profile:
+    engine_keys = {f.name for f in dataclasses.fields(p.engine)}
+    engine = {k: v for k, v in engine_or_features.items() if k in engine_keys}
+    features = {k: v for k, v in engine_or_features.items() if k not in engine_keys}
+    return dataclasses.replace(
+        p,
+        engine=dataclasses.replace(p.engine, **engine),
+        features=dataclasses.replace(p.features, **features),
+    )
+
+
+def requirements(p: Profile) -> list[Requirement]:
+    """The fork-sensitive knobs this profile uses, in a stable order."""
+    reqs: list[Requirement] = []
+    f, e = p.features, p.engine
+    if f.b12x_pcie_allreduce:
+        reqs.append(
+            Requirement(
+                "b12x_pcie_allreduce",
+                "features.b12x_pcie_allreduce",
+                "true",
+                "vLLM must read B12X_PCIE_ALLREDUCE",
+                "vLLM's own all-reduce selection (custom all-reduce or NCCL) instead of B12X PCIe",
+                lambda v: v.reads("B12X_PCIE_ALLREDUCE"),
+                lambda q: _replace(q, b12x_pcie_allreduce=False),
+                ("backends",),
+            )
+        )
+    if f.dcp_ckv_gather:
+        reqs.append(
+            Requirement(
+                "dcp_ckv_gather",
+                "features.dcp_ckv_gather",
+                "true",
+                "vLLM must read DCP_CKV_GATHER",
+                "DCP decode without the complete-KV gather path",
+                lambda v: v.reads("DCP_CKV_GATHER"),
+                lambda q: _replace(q, dcp_ckv_gather=False),
+                (),
+            )
+        )
+    if f.split_pages is not None:
+        reqs.append(
+            Requirement(
+                "split_pages",
+                "features.split_pages",
+                "target/mamba block sizes",
+                "vLLM must read VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE (patches/vllm series, patch 2)",
+                "vLLM's automatic hybrid alignment, which promotes the target block",
+                lambda v: (
+                    v.reads("VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE")
+                    and v.reads("VLLM_GLM53_SPLIT_MAMBA_BLOCK_SIZE")
+                ),
+                lambda q: _replace(q, split_pages=None),
+                ("block_sizes", "page_bytes", "kv_cache_tokens_min", "max_concurrency_min"),
+            )
+        )
+    if e.attention_backend is not None:
+        name = e.attention_backend
+        reqs.append(
+            Requirement(
+                "attention_backend",
+                "engine.attention_backend",
+                name,
+                f"vLLM must register the attention backend {name}",
+                "vLLM selects the target attention backend itself",
+                lambda v, n=name: n in v.attention_backends,
+                lambda q: _replace(q, attention_backend=None),
+                ("backends",),
+            )
+        )
+    spec = e.speculative_config
+    if spec is not None and spec.attention_backend is not None:
+        name = spec.attention_backend
+        reqs.append(
+            Requirement(
+                "draft_attention_backend",
+                "engine.speculative_config.attention_backend",
+                name,
+                f"vLLM must register the attention backend {name}",
+                "vLLM selects the draft attention backend itself",
+                lambda v, n=name: n in v.attention_backends,
+                lambda q: _replace(
+                    q,
+                    speculative_config=dataclasses.replace(
+                        q.engine.speculative_config, attention_backend=None
+                    ),
+                ),
+                ("backends",),
+            )
+        )
+    for key in sorted(e.additional_config or {}):
+        reqs.append(
+            Requirement(
+                f"additional_config.{key}",
+                f"engine.additional_config.{key}",
+                json.dumps(e.additional_config[key]),
+                f"vLLM must read the additional-config key {key!r}",
+                f"the key {key!r} is left out and vLLM's default applies",
+                lambda v, k=key: v.reads(f'"{k}"') or v.reads(f"'{k}'"),
+                lambda q, k=key: _replace(
+                    q,
+                    additional_config={
+                        kk: vv for kk, vv in (q.engine.additional_config or {}).items() if kk != k
+                    }
+                    or None,
+                ),
+                (),
+            )
+        )
+    return reqs
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """The profile as it will run on this vLLM, with what was given up and why."""
+
+    profile: Profile
+    checked_against: str | None  # "vLLM <version> at <path>", or None when no vLLM was found
+    fallbacks: tuple[Requirement, ...]
+
+    @property
+    def qualified(self) -> bool:
+        return not self.fallbacks
+
+
+def resolve(p: Profile, install: VllmInstall | None) -> Resolution:
+    """Check every requirement against `install`; apply the fallbacks the user allowed.
+
+    Allowed fallbacks are `deployment.fallbacks` (environment FALLBACKS or `--set FALLBACKS=...`).
+
+    With no vLLM to check against (a laptop running `make plan`), nothing is dropped and the
+    result says the check was not made; `launch run` always checks.
+    """
+    reqs = requirements(p)
+    known = {r.name for r in reqs}
+    allowed = p.deployment.fallbacks
+    for name in allowed:
+        if name not in known:
+            raise ProfileError(
+                "deployment.fallbacks",
+                name,
+                "is not a fallback of this profile",
+                f"use one of: {', '.join(sorted(known)) or '(none: no fork knob is used)'}",
+            )
+    if install is None:
+        return Resolution(p, None, ())
+    where = f"vLLM {install.version} at {install.root}"
+    taken: list[Requirement] = []
+    for req in reqs:
+        if req.met(install):
+            continue
+        if req.name not in allowed:
+            raise ProfileError(
+                req.field,
+                req.value,
+                f"needs a capability the installed vLLM lacks: {req.needs} ({where})",
+                f"use an image whose vLLM provides it, or accept running unqualified with "
+                f"FALLBACKS={req.name} ({req.fallback})",
+            )
+        taken.append(req)
+        p = req.drop(p)
+    return Resolution(p, where, tuple(taken))

@@ -1,0 +1,44 @@
+"""`python -m launch run PROFILE`: validate, check capabilities, then become `vllm serve`.
+
+The process replaces itself (exec), so the container runtime's signals reach vLLM directly and
+vLLM's exit status is the container's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+
+from launch.commands.common import add_profile_arguments, plan_from_args
+from launch.errors import ProfileError
+from launch.render import format_plan
+
+NAME = "run"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(NAME, help="validate a profile and exec vllm serve")
+    add_profile_arguments(parser, profile_optional=True)
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print what would run and exit without starting it"
+    )
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = plan_from_args(args, require_vllm=True)
+    print(format_plan(plan), file=sys.stderr, flush=True)
+    if args.dry_run:
+        return 0
+    executable = shutil.which(plan.argv[0])
+    if executable is None:
+        raise ProfileError(
+            "argv[0]",
+            plan.argv[0],
+            "is not on PATH",
+            "install vLLM in this environment or run inside the kit's image",
+        )
+    os.execve(executable, list(plan.argv), {**os.environ, **plan.env})
+    return 0  # pragma: no cover - execve does not return

@@ -1,0 +1,121 @@
+"""Load a named profile once: read its YAML, apply overrides, build the typed model, validate.
+
+Expectations that an override invalidates are dropped here, with the reason, so the smoke check
+never compares a server against a number that no longer applies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from launch.errors import ProfileError
+from launch.overrides import Override, apply
+from launch.profile import Expect, Profile
+from launch.schema import build
+from launch.validate import validate
+
+PROFILE_DIR = Path(__file__).parent / "profiles"
+
+# Expectation -> the profile paths whose change makes it inapplicable. Capacity moves with nearly
+# every engine or feature setting, so any change there drops the capacity figures.
+EXPECT_DEPENDS: dict[str, tuple[str, ...]] = {
+    "kv_cache_tokens": ("engine.", "features."),
+    "kv_cache_tokens_min": ("engine.", "features."),
+    "kv_blocks": ("engine.", "features."),
+    "max_concurrency_min": ("engine.", "features."),
+    "block_sizes": (
+        "engine.tensor_parallel_size",
+        "engine.decode_context_parallel_size",
+        "engine.kv_cache_dtype",
+        "engine.speculative_config",
+        "features.split_pages",
+    ),
+    "page_bytes": (
+        "engine.tensor_parallel_size",
+        "engine.kv_cache_dtype",
+        "engine.speculative_config",
+        "features.split_pages",
+    ),
+    "cache_group_cp_sizes": (
+        "engine.tensor_parallel_size",
+        "engine.decode_context_parallel_size",
+        "engine.speculative_config",
+    ),
+    "cudagraph_mode": ("engine.compilation_config.cudagraph_mode",),
+    "decode_graph_max_batch": (
+        "engine.compilation_config",
+        "engine.max_num_seqs",
+        "engine.speculative_config",
+    ),
+    "backends": (
+        "engine.attention_backend",
+        "engine.moe_backend",
+        "engine.linear_backend",
+        "engine.speculative_config.attention_backend",
+        "features.b12x_pcie_allreduce",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A validated profile and how it differs from the qualified one."""
+
+    profile: Profile
+    deviations: tuple[str, ...]
+
+
+def profile_names() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
+
+
+def read_raw(name: str) -> dict[str, Any]:
+    """The YAML mapping of a shipped profile."""
+    path = PROFILE_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise ProfileError(
+            "profile", name, "is not a shipped profile", f"use one of: {', '.join(profile_names())}"
+        )
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or data.get("name") != name:
+        raise ProfileError(
+            "profile",
+            name,
+            f"{path} must be a mapping whose name is {name!r}",
+            "fix the profile file",
+        )
+    return data
+
+
+def drop_expectations(expect: Expect, reasons: dict[str, str]) -> Expect:
+    """`expect` without the named fields; `reasons` maps field -> why, kept in `sources`."""
+    if not reasons:
+        return expect
+    cleared = {name: () if name == "backends" else None for name in reasons}
+    sources = {k: v for k, v in expect.sources.items() if k not in reasons}
+    return dataclasses.replace(expect, **cleared, sources=sources)
+
+
+def load(name: str, overrides: Iterable[Override] = ()) -> Loaded:
+    """Read, override, build and validate a profile; the one entry point for launch and smoke."""
+    raw, deviations = apply(read_raw(name), overrides)
+    profile = validate(build(Profile, raw, ""))
+    changed = [d.split(":", 1)[0] for d in deviations]
+    reasons = {}
+    for field in profile.expect.set_fields():
+        paths = [path for path in changed if path.startswith(EXPECT_DEPENDS[field])]
+        if paths:
+            reasons[field] = f"{', '.join(paths)} overridden"
+    if reasons:
+        profile = dataclasses.replace(profile, expect=drop_expectations(profile.expect, reasons))
+        deviations = [
+            *deviations,
+            *(f"expect.{field} not checked: {why}" for field, why in sorted(reasons.items())),
+        ]
+    return Loaded(profile, tuple(deviations))

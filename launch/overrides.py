@@ -1,0 +1,131 @@
+"""User overrides: the environment variable names people already use, or `--set key=value`.
+
+An override changes the raw profile data before it is built and validated, so an overridden
+profile passes exactly the same checks as a shipped one. Every override is recorded as a deviation
+from the qualified profile.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from launch.errors import ProfileError
+from launch.profile import Profile
+from launch.schema import field_paths, hint_at, parse_text
+
+# Environment variable -> profile path. The names are the ones of the seeds' launch scripts.
+ENV_OVERRIDES: dict[str, str] = {
+    "TP": "engine.tensor_parallel_size",
+    "PP": "engine.pipeline_parallel_size",
+    "DCP": "engine.decode_context_parallel_size",
+    "CP_KV_CACHE_INTERLEAVE_SIZE": "engine.cp_kv_cache_interleave_size",
+    "MAX_MODEL_LEN": "engine.max_model_len",
+    "MAX_NUM_SEQS": "engine.max_num_seqs",
+    "MAX_NUM_BATCHED_TOKENS": "engine.max_num_batched_tokens",
+    "KV_CACHE_MEMORY": "engine.kv_cache_memory_bytes",
+    "GPU_MEMORY_UTILIZATION": "engine.gpu_memory_utilization",
+    "KV_CACHE_DTYPE": "engine.kv_cache_dtype",
+    "MODEL_REVISION": "engine.revision",
+    "SERVED_MODEL_NAME": "engine.served_model_name",
+    "ATTENTION_BACKEND": "engine.attention_backend",
+    "MOE_BACKEND": "engine.moe_backend",
+    "LINEAR_BACKEND": "engine.linear_backend",
+    "CUDAGRAPH_MODE": "engine.compilation_config.cudagraph_mode",
+    "MAX_CUDAGRAPH_CAPTURE_SIZE": "engine.compilation_config.max_cudagraph_capture_size",
+    "SPECULATOR": "engine.speculative_config.method",
+    "NUM_SPECULATIVE_TOKENS": "engine.speculative_config.num_speculative_tokens",
+    "DFLASH_MODEL_REVISION": "engine.speculative_config.revision",
+    "DFLASH_ATTENTION_BACKEND": "engine.speculative_config.attention_backend",
+    "DFLASH_KV_CACHE_DTYPE": "engine.speculative_config.kv_cache_dtype",
+    "B12X_PCIE_ALLREDUCE": "features.b12x_pcie_allreduce",
+    "DCP_CKV_GATHER": "features.dcp_ckv_gather",
+    "VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE": "features.split_pages.target_block_size",
+    "VLLM_GLM53_SPLIT_MAMBA_BLOCK_SIZE": "features.split_pages.mamba_block_size",
+    "GPU_DEVICES": "deployment.gpu_devices",
+    "HOST": "deployment.host",
+    "PORT": "deployment.port",
+    "ALLOW_FLOATING_REVISION": "deployment.allow_floating_revision",
+    "FALLBACKS": "deployment.fallbacks",
+}
+
+# Paths a user may not override: they name the profile or its evidence, not a setting.
+_FIXED_PREFIXES = ("name", "summary", "sources", "expect", "architecture")
+
+
+@dataclass(frozen=True)
+class Override:
+    """One requested change: profile path, raw text, and where it came from."""
+
+    path: str
+    text: str
+    origin: str
+
+
+def settable_paths() -> list[str]:
+    """Every profile path an override may set."""
+    return [p for p in field_paths(Profile) if not p.startswith(_FIXED_PREFIXES)]
+
+
+def from_environment(environ: Mapping[str, str]) -> list[Override]:
+    """Overrides from the known environment variable names present in `environ`."""
+    return [
+        Override(path, environ[name], f"environment {name}")
+        for name, path in ENV_OVERRIDES.items()
+        if name in environ
+    ]
+
+
+def from_set_args(items: Iterable[str]) -> list[Override]:
+    """Overrides from `--set key=value`; key is a profile path or a known environment name."""
+    out = []
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ProfileError("--set", item, "must be key=value", "e.g. --set MAX_NUM_SEQS=16")
+        path = ENV_OVERRIDES.get(key, key)
+        if path not in settable_paths():
+            raise ProfileError(
+                "--set",
+                item,
+                f"'{key}' is not a settable profile path or known variable",
+                f"use one of {', '.join(sorted(ENV_OVERRIDES))}, or a path such as "
+                "engine.max_num_seqs",
+            )
+        out.append(Override(path, text, f"--set {key}"))
+    return out
+
+
+def apply(
+    raw: Mapping[str, Any], overrides: Iterable[Override]
+) -> tuple[dict[str, Any], list[str]]:
+    """Apply overrides to raw profile data; return the new data and human deviation lines."""
+    data: dict[str, Any] = copy.deepcopy(dict(raw))
+    deviations: list[str] = []
+    for ov in overrides:
+        value = parse_text(hint_at(Profile, ov.path), ov.text, f"{ov.origin} ({ov.path})")
+        parts = ov.path.split(".")
+        node = data
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = {}
+                node[part] = child
+            node = child
+        old = node.get(parts[-1])
+        if old == value or (isinstance(old, list) and value == list(old)):
+            continue
+        node[parts[-1]] = value
+        deviations.append(f"{ov.path}: {_show(old)} -> {_show(value)} (from {ov.origin})")
+    return data, deviations
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return str(value)

@@ -1,0 +1,151 @@
+"""The profile data model: one typed object per qualified serving configuration.
+
+Engine arguments (what vLLM is told) are kept apart from deployment settings (where and how the
+container runs it), fork-only features (knobs that only some vLLM builds read) and expectations
+(what a correct start must show in the server log). Engine field names are vLLM 0.33.0's own
+`EngineArgs` names, so the renderer derives every flag from the field name and no flag is written
+twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+GLM53_ARCHITECTURE = "Glm5NextForConditionalGeneration"
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """vLLM's `--speculative-config` keys used by the profiles (SpeculativeConfig field names)."""
+
+    method: str
+    num_speculative_tokens: int
+    model: str | None = None
+    revision: str | None = None
+    attention_backend: str | None = None
+    moe_backend: str | None = None
+    kv_cache_dtype: str | None = None
+
+
+@dataclass(frozen=True)
+class CompilationConfig:
+    """vLLM's `--compilation-config` keys used by the profiles (CompilationConfig field names)."""
+
+    cudagraph_mode: str | None = None
+    max_cudagraph_capture_size: int | None = None
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    """Arguments of `vllm serve`, named as vLLM's EngineArgs fields; each renders as --field."""
+
+    model: str
+    revision: str | None = None
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    decode_context_parallel_size: int = 1
+    cp_kv_cache_interleave_size: int = 1
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    gpu_memory_utilization: float | None = None
+    kv_cache_dtype: str | None = None
+    mamba_cache_mode: str | None = None
+    attention_backend: str | None = None
+    moe_backend: str | None = None
+    linear_backend: str | None = None
+    kda_prefill_backend: str | None = None
+    served_model_name: str | None = None
+    compilation_config: CompilationConfig | None = None
+    speculative_config: SpeculativeConfig | None = None
+    additional_config: dict[str, Any] | None = None
+
+    @property
+    def model_id(self) -> str:
+        """The id `/v1/models` reports: the served name if set, else the model repository."""
+        return self.served_model_name or self.model
+
+
+@dataclass(frozen=True)
+class SplitPages:
+    """Independent target-MLA and recurrent-state page sizes (seed 004's opt-in contract)."""
+
+    target_block_size: int
+    mamba_block_size: int
+
+
+@dataclass(frozen=True)
+class Features:
+    """Knobs that are not `vllm serve` flags: each is read from the environment by some vLLM builds.
+
+    Whether the installed vLLM reads them is detected (`launch.capabilities`), never assumed.
+    """
+
+    b12x_pcie_allreduce: bool = False
+    dcp_ckv_gather: bool = False
+    split_pages: SplitPages | None = None
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """Where and how the server runs; nothing here changes what the model computes."""
+
+    gpu_devices: tuple[int, ...] = (0, 1, 2, 3)
+    host: str = "0.0.0.0"
+    port: int = 8000
+    allow_floating_revision: bool = False
+    fallbacks: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What a correct start of this profile must show in the server log.
+
+    Every value set here is cited in `sources` (field name -> where the number comes from).
+    """
+
+    kv_cache_tokens: int | None = None
+    kv_cache_tokens_min: int | None = None
+    kv_blocks: int | None = None
+    max_concurrency_min: float | None = None
+    block_sizes: dict[str, int] | None = None
+    page_bytes: dict[str, int] | None = None
+    cache_group_cp_sizes: tuple[int, ...] | None = None
+    cudagraph_mode: str | None = None
+    decode_graph_max_batch: int | None = None
+    backends: tuple[str, ...] = ()
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def set_fields(self) -> list[str]:
+        """Names of the expectations this profile makes (sources excluded)."""
+        return [name for name in EXPECT_FIELDS if getattr(self, name) not in (None, (), {})]
+
+
+EXPECT_FIELDS = (
+    "kv_cache_tokens",
+    "kv_cache_tokens_min",
+    "kv_blocks",
+    "max_concurrency_min",
+    "block_sizes",
+    "page_bytes",
+    "cache_group_cp_sizes",
+    "cudagraph_mode",
+    "decode_graph_max_batch",
+    "backends",
+)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A named, qualified serving configuration."""
+
+    name: str
+    summary: str
+    architecture: str
+    engine: EngineArgs
+    features: Features = field(default_factory=Features)
+    deployment: Deployment = field(default_factory=Deployment)
+    expect: Expect = field(default_factory=Expect)
+    sources: tuple[str, ...] = ()

@@ -1,0 +1,141 @@
+"""Render a resolved profile to the exact `vllm serve` argv and environment (a pure function).
+
+Flags are derived from the EngineArgs field names (`max_num_seqs` -> `--max-num-seqs`), nested
+configs become compact JSON, and fork features become the environment variables the qualified
+image reads. The result is an argv list, never a shell string.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+from dataclasses import dataclass, fields
+from typing import Any
+
+from launch.capabilities import Resolution
+from launch.loader import Loaded, drop_expectations
+from launch.profile import EngineArgs, Features, Profile
+from launch.schema import to_plain
+
+# Environment variables by feature; the names are the ones the seeds' qualified runs used.
+FEATURE_ENV = {
+    "b12x_pcie_allreduce": "B12X_PCIE_ALLREDUCE",
+    "dcp_ckv_gather": "DCP_CKV_GATHER",
+}
+SPLIT_ENV = ("VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE", "VLLM_GLM53_SPLIT_MAMBA_BLOCK_SIZE")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Exactly what `launch run` will execute, and what the start must show."""
+
+    profile: Profile
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    deviations: tuple[str, ...]
+    checked_against: str | None
+
+    @property
+    def qualified(self) -> bool:
+        return not self.deviations
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "profile": self.profile.name,
+            "argv": list(self.argv),
+            "env": dict(self.env),
+            "expect": to_plain(self.profile.expect),
+            "deviations": list(self.deviations),
+            "qualified": self.qualified,
+            "checked_against": self.checked_against,
+        }
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def engine_argv(engine: EngineArgs) -> list[str]:
+    """`vllm serve MODEL --flag value ...` from the engine arguments, in field order."""
+    argv = ["vllm", "serve", engine.model]
+    for f in fields(engine):
+        if f.name == "model":
+            continue
+        value = getattr(engine, f.name)
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            argv.append(flag(f.name) if value else flag(f"no_{f.name}"))
+        elif isinstance(value, dict) or hasattr(value, "__dataclass_fields__"):
+            argv += [flag(f.name), json.dumps(to_plain(value), separators=(",", ":"))]
+        else:
+            argv += [flag(f.name), str(value)]
+    return argv
+
+
+def feature_env(features: Features) -> dict[str, str]:
+    env = {FEATURE_ENV[name]: "1" for name in FEATURE_ENV if getattr(features, name)}
+    if features.split_pages is not None:
+        env[SPLIT_ENV[0]] = str(features.split_pages.target_block_size)
+        env[SPLIT_ENV[1]] = str(features.split_pages.mamba_block_size)
+    return env
+
+
+def render(loaded: Loaded, resolution: Resolution) -> Plan:
+    """The plan for `resolution.profile` (the loaded profile after any allowed fallbacks)."""
+    p = resolution.profile
+    deviations = list(loaded.deviations)
+    dropped: dict[str, str] = {}
+    for req in resolution.fallbacks:
+        deviations.append(
+            f"UNQUALIFIED: {req.field}={req.value} dropped, {req.needs}; "
+            f"fallback {req.name}: {req.fallback}"
+        )
+        for field in req.expect_dropped:
+            dropped.setdefault(field, f"fallback {req.name}")
+    dropped = {k: v for k, v in dropped.items() if k in p.expect.set_fields()}
+    deviations += [f"expect.{k} not checked: {v}" for k, v in sorted(dropped.items())]
+    p = dataclasses.replace(p, expect=drop_expectations(p.expect, dropped))
+    argv = [
+        *engine_argv(p.engine),
+        *(flag("host"), p.deployment.host, flag("port"), str(p.deployment.port)),
+    ]
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, p.deployment.gpu_devices))}
+    env.update(feature_env(p.features))
+    return Plan(p, tuple(argv), env, tuple(deviations), resolution.checked_against)
+
+
+def format_plan(plan: Plan) -> str:
+    """A copyable, readable shell rendering of the plan (display only; `run` execs the argv)."""
+    lines = [f"# profile: {plan.profile.name} - {plan.profile.summary}"]
+    if plan.checked_against:
+        lines.append(f"# capabilities checked against {plan.checked_against}")
+    else:
+        lines.append("# capabilities not checked: no vLLM here (`launch run` checks in the image)")
+    if plan.qualified:
+        lines.append("# qualified: no deviation from the profile")
+    else:
+        lines.append("# DEVIATIONS from the qualified profile:")
+        lines += [f"#   {d}" for d in plan.deviations]
+    expect = to_plain(plan.profile.expect)
+    expect.pop("sources", None)
+    lines.append(f"# expect: {json.dumps(expect, separators=(', ', ': '))}")
+    lines.append("env \\")
+    lines += [f"  {k}={shlex.quote(v)} \\" for k, v in plan.env.items()]
+    argv = list(plan.argv)
+    head, rest = argv[:3], argv[3:]
+    lines.append("  " + shlex.join(head) + (" \\" if rest else ""))
+    pairs: list[str] = []
+    i = 0
+    while i < len(rest):
+        if i + 1 < len(rest) and not rest[i + 1].startswith("--"):
+            pairs.append(shlex.join(rest[i : i + 2]))
+            i += 2
+        else:
+            pairs.append(shlex.quote(rest[i]))
+            i += 1
+    lines += [f"    {part} \\" for part in pairs[:-1]]
+    if pairs:
+        lines.append(f"    {pairs[-1]}")
+    return "\n".join(lines)

@@ -1,0 +1,335 @@
+"""Fail-closed checks on a built profile: every rule the seeds and vLLM imply, before a start.
+
+Each rule is a pure function of the profile that raises `ProfileError` with the field, the value,
+the rule and a fix. `validate` runs them in order and stops at the first violation, so the user
+gets one clear message.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from launch.errors import ProfileError
+from launch.profile import GLM53_ARCHITECTURE, Profile
+from launch.vllm_vocab import (
+    CUDAGRAPH_MODES,
+    GLM53_SPEC_METHODS,
+    KV_CACHE_DTYPES,
+    MAMBA_CACHE_MODES,
+)
+
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+Rule = Callable[[Profile], None]
+
+
+def _positive(field: str, value: int | None, fix: str) -> None:
+    if value is not None and value <= 0:
+        raise ProfileError(field, value, "must be a positive integer", fix)
+
+
+def check_parallel_sizes(p: Profile) -> None:
+    e = p.engine
+    _positive(
+        "engine.tensor_parallel_size", e.tensor_parallel_size, "set TP to 4 for these profiles"
+    )
+    _positive("engine.pipeline_parallel_size", e.pipeline_parallel_size, "set PP to 1")
+    _positive(
+        "engine.decode_context_parallel_size", e.decode_context_parallel_size, "set DCP to 1 or 4"
+    )
+    if e.tensor_parallel_size % e.decode_context_parallel_size:
+        raise ProfileError(
+            "engine.decode_context_parallel_size",
+            e.decode_context_parallel_size,
+            f"must divide tensor_parallel_size ({e.tensor_parallel_size}); DCP shards the KV cache "
+            "across ranks of the TP group",
+            f"use a divisor of TP, e.g. DCP={e.tensor_parallel_size} or DCP=1",
+        )
+
+
+def check_interleave(p: Profile) -> None:
+    e = p.engine
+    size = e.cp_kv_cache_interleave_size
+    _positive("engine.cp_kv_cache_interleave_size", size, "use 1, or 4 as qualified with DCP4")
+    if e.decode_context_parallel_size == 1 and size != 1:
+        raise ProfileError(
+            "engine.cp_kv_cache_interleave_size",
+            size,
+            "has no meaning without context parallelism (DCP=1)",
+            "set CP_KV_CACHE_INTERLEAVE_SIZE=1 or raise DCP",
+        )
+    split = p.features.split_pages
+    if split is not None and split.target_block_size % size:
+        raise ProfileError(
+            "engine.cp_kv_cache_interleave_size",
+            size,
+            f"must divide the target block size ({split.target_block_size}); vLLM requires block "
+            "sizes divisible by the interleave size",
+            "use a power of two that divides the target block, e.g. 1 or 4",
+        )
+
+
+def check_gpus(p: Profile) -> None:
+    gpus = p.deployment.gpu_devices
+    need = p.engine.tensor_parallel_size * p.engine.pipeline_parallel_size
+    for gpu in gpus:
+        if gpu < 0:
+            raise ProfileError(
+                "deployment.gpu_devices",
+                ",".join(map(str, gpus)),
+                f"GPU index {gpu} is negative",
+                "list GPU indices such as 0,1,2,3",
+            )
+    if len(set(gpus)) != len(gpus):
+        raise ProfileError(
+            "deployment.gpu_devices",
+            ",".join(map(str, gpus)),
+            "lists a GPU twice",
+            "list each GPU once, e.g. GPU_DEVICES=0,1,2,3",
+        )
+    if len(gpus) != need:
+        raise ProfileError(
+            "deployment.gpu_devices",
+            ",".join(map(str, gpus)),
+            f"has {len(gpus)} GPUs but TP x PP = {need}",
+            f"list exactly {need} GPUs, e.g. GPU_DEVICES={','.join(map(str, range(need)))}",
+        )
+
+
+def check_lengths(p: Profile) -> None:
+    e = p.engine
+    _positive("engine.max_model_len", e.max_model_len, "set MAX_MODEL_LEN to a token count")
+    _positive("engine.max_num_seqs", e.max_num_seqs, "set MAX_NUM_SEQS to at least 1")
+    _positive(
+        "engine.max_num_batched_tokens",
+        e.max_num_batched_tokens,
+        "set MAX_NUM_BATCHED_TOKENS, e.g. 8192",
+    )
+
+
+def check_memory(p: Profile) -> None:
+    e = p.engine
+    if e.kv_cache_memory_bytes is not None and e.gpu_memory_utilization is not None:
+        raise ProfileError(
+            "engine.gpu_memory_utilization",
+            e.gpu_memory_utilization,
+            f"cannot be combined with kv_cache_memory_bytes ({e.kv_cache_memory_bytes}); vLLM "
+            "sizes the KV cache from one or the other",
+            "unset one: KV_CACHE_MEMORY=none to budget by utilization, or drop "
+            "GPU_MEMORY_UTILIZATION",
+        )
+    _positive(
+        "engine.kv_cache_memory_bytes",
+        e.kv_cache_memory_bytes,
+        "give a byte count, e.g. KV_CACHE_MEMORY=12884901888 (12 GiB)",
+    )
+    util = e.gpu_memory_utilization
+    if util is not None and not 0.0 < util <= 1.0:
+        raise ProfileError(
+            "engine.gpu_memory_utilization",
+            util,
+            "must be a fraction in (0, 1]",
+            "e.g. GPU_MEMORY_UTILIZATION=0.92",
+        )
+
+
+def check_vocabulary(p: Profile) -> None:
+    e = p.engine
+    cc = e.compilation_config
+    if (
+        cc is not None
+        and cc.cudagraph_mode is not None
+        and cc.cudagraph_mode not in CUDAGRAPH_MODES
+    ):
+        raise ProfileError(
+            "engine.compilation_config.cudagraph_mode",
+            cc.cudagraph_mode,
+            "is not a vLLM CUDA graph mode",
+            f"use one of {', '.join(sorted(CUDAGRAPH_MODES))}",
+        )
+    for field, dtype in (
+        ("engine.kv_cache_dtype", e.kv_cache_dtype),
+        (
+            "engine.speculative_config.kv_cache_dtype",
+            e.speculative_config.kv_cache_dtype if e.speculative_config else None,
+        ),
+    ):
+        if dtype is not None and dtype not in KV_CACHE_DTYPES:
+            raise ProfileError(
+                field,
+                dtype,
+                "is not a vLLM KV cache dtype",
+                "use auto, fp8 or another vLLM CacheDType",
+            )
+    if e.mamba_cache_mode is not None and e.mamba_cache_mode not in MAMBA_CACHE_MODES:
+        raise ProfileError(
+            "engine.mamba_cache_mode",
+            e.mamba_cache_mode,
+            "is not a vLLM mamba cache mode",
+            f"use one of {', '.join(sorted(MAMBA_CACHE_MODES))}",
+        )
+
+
+def check_speculative(p: Profile) -> None:
+    e = p.engine
+    spec = e.speculative_config
+    if spec is None:
+        return
+    if spec.method not in GLM53_SPEC_METHODS:
+        raise ProfileError(
+            "engine.speculative_config.method",
+            spec.method,
+            "is not a speculative method vLLM offers for a GLM-5.3 target",
+            f"use one of {', '.join(sorted(GLM53_SPEC_METHODS))}",
+        )
+    k = spec.num_speculative_tokens
+    _positive(
+        "engine.speculative_config.num_speculative_tokens",
+        k,
+        "set NUM_SPECULATIVE_TOKENS to the draft depth, e.g. 7 for DFlash or 3 for MTP",
+    )
+    if spec.method == "dflash" and spec.model is None:
+        raise ProfileError(
+            "engine.speculative_config.model",
+            None,
+            "a DFlash draft needs its own checkpoint",
+            "set speculative_config.model to the draft repository",
+        )
+    if spec.method == "mtp" and spec.model is not None:
+        raise ProfileError(
+            "engine.speculative_config.model",
+            spec.model,
+            "MTP uses the target checkpoint's own head, not a separate model",
+            "remove speculative_config.model",
+        )
+    step = k + 1
+    batched = e.max_num_batched_tokens
+    if batched is not None and step > batched:
+        raise ProfileError(
+            "engine.speculative_config.num_speculative_tokens",
+            k,
+            f"a decode step of one request verifies {step} tokens, more than "
+            f"max_num_batched_tokens ({batched})",
+            "lower NUM_SPECULATIVE_TOKENS or raise MAX_NUM_BATCHED_TOKENS",
+        )
+
+
+def check_capture_size(p: Profile) -> None:
+    e = p.engine
+    cc = e.compilation_config
+    size = cc.max_cudagraph_capture_size if cc else None
+    if size is None:
+        return
+    _positive(
+        "engine.compilation_config.max_cudagraph_capture_size",
+        size,
+        "set MAX_CUDAGRAPH_CAPTURE_SIZE, e.g. 128",
+    )
+    spec = e.speculative_config
+    per_seq = 1 + (spec.num_speculative_tokens if spec else 0)
+    if e.max_num_seqs is not None:
+        needed = e.max_num_seqs * per_seq
+        if size > needed:
+            raise ProfileError(
+                "engine.compilation_config.max_cudagraph_capture_size",
+                size,
+                f"exceeds the largest decode batch max_num_seqs x (1 + speculative tokens) = "
+                f"{e.max_num_seqs} x {per_seq} = {needed}; graphs above it are never replayed",
+                f"set MAX_CUDAGRAPH_CAPTURE_SIZE to at most {needed}, or raise MAX_NUM_SEQS",
+            )
+    if e.max_num_batched_tokens is not None and size > e.max_num_batched_tokens:
+        raise ProfileError(
+            "engine.compilation_config.max_cudagraph_capture_size",
+            size,
+            f"exceeds max_num_batched_tokens ({e.max_num_batched_tokens})",
+            "lower MAX_CUDAGRAPH_CAPTURE_SIZE",
+        )
+
+
+def check_split_pages(p: Profile) -> None:
+    split = p.features.split_pages
+    if split is None:
+        return
+    _positive(
+        "features.split_pages.target_block_size",
+        split.target_block_size,
+        "set VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE, e.g. 512",
+    )
+    _positive(
+        "features.split_pages.mamba_block_size",
+        split.mamba_block_size,
+        "set VLLM_GLM53_SPLIT_MAMBA_BLOCK_SIZE, e.g. 512",
+    )
+    if split.mamba_block_size % split.target_block_size:
+        raise ProfileError(
+            "features.split_pages.mamba_block_size",
+            split.mamba_block_size,
+            f"must be a positive multiple of the target block ({split.target_block_size})",
+            f"use {split.target_block_size} or a multiple such as {2 * split.target_block_size}",
+        )
+    if p.architecture != GLM53_ARCHITECTURE:
+        raise ProfileError(
+            "architecture",
+            p.architecture,
+            f"split pages exist only for {GLM53_ARCHITECTURE}",
+            "remove features.split_pages",
+        )
+    if p.engine.mamba_cache_mode != "align":
+        raise ProfileError(
+            "engine.mamba_cache_mode",
+            p.engine.mamba_cache_mode,
+            "split pages require mamba_cache_mode=align",
+            "set engine.mamba_cache_mode: align, or remove features.split_pages",
+        )
+
+
+def check_revisions(p: Profile) -> None:
+    if p.deployment.allow_floating_revision:
+        return
+    e = p.engine
+    pins = [("engine.revision", e.revision, "MODEL_REVISION")]
+    if e.speculative_config is not None and e.speculative_config.model is not None:
+        pins.append(
+            (
+                "engine.speculative_config.revision",
+                e.speculative_config.revision,
+                "DFLASH_MODEL_REVISION",
+            )
+        )
+    for field, rev, env in pins:
+        if rev is None or not _COMMIT.fullmatch(rev):
+            raise ProfileError(
+                field,
+                rev,
+                "must be a full 40-hex commit; a branch or tag can move under a running deployment",
+                f"set {env} to the commit SHA, or opt out with ALLOW_FLOATING_REVISION=1",
+            )
+
+
+def check_port(p: Profile) -> None:
+    port = p.deployment.port
+    if not 1 <= port <= 65535:
+        raise ProfileError("deployment.port", port, "must be in 1..65535", "e.g. PORT=8000")
+
+
+RULES: tuple[Rule, ...] = (
+    check_parallel_sizes,
+    check_gpus,
+    check_interleave,
+    check_lengths,
+    check_memory,
+    check_vocabulary,
+    check_speculative,
+    check_capture_size,
+    check_split_pages,
+    check_revisions,
+    check_port,
+)
+
+
+def validate(profile: Profile) -> Profile:
+    """Run every rule; raise the first `ProfileError`, else return the profile unchanged."""
+    for rule in RULES:
+        rule(profile)
+    return profile

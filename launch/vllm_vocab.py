@@ -1,0 +1,28 @@
+"""Value sets of vLLM 0.33.0 that the validator checks before anything starts.
+
+They let `make plan` reject a typo on a machine without vLLM. `tests/test_vllm_parser.py` compares
+each set with the installed vLLM 0.33.0 (`CUDAGraphMode`, `CacheDType`, `MambaCacheMode`,
+`SpeculativeMethod`), so a drift fails the tests instead of silently disagreeing with vLLM.
+"""
+
+from __future__ import annotations
+
+VLLM_VERSION = "0.33.0"
+
+CUDAGRAPH_MODES = frozenset({"NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"})
+
+MAMBA_CACHE_MODES = frozenset({"align", "none"})
+
+KV_CACHE_DTYPES = frozenset(
+    {
+        "auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
+        "nvfp4_ds_mla", "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc",
+        "turboquant_3bit_nc", "octave_k3v4", "octave_k3v3", "octave_k3v3_compact",
+        "ultraquant_4bit", "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head",
+        "nvfp4", "nvfp4_4over6",
+    }
+)  # fmt: skip
+
+# Speculative methods vLLM 0.33.0 accepts that serve a GLM-5.3 target: a DFlash draft checkpoint,
+# or the checkpoint's own MTP head ("mtp" resolves to glm5_next_mtp).
+GLM53_SPEC_METHODS = frozenset({"dflash", "mtp"})

@@ -1,0 +1,36 @@
+"""Shared test helpers: paths to the shared fixtures and a vLLM tree with every fork capability."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared"
+FIXTURE_LOGS = SHARED / "fixtures" / "vllm-logs"
+
+
+@pytest.fixture
+def fork_vllm_tree(tmp_path: Path) -> Path:
+    """A minimal vLLM package tree whose source reads every fork knob the profiles use.
+
+    It stands for the qualified fork image in capability checks: the check reads source text,
+    so a tree that contains the names is what a fork that reads them looks like.
+    """
+    root = tmp_path / "vllm"
+    registry = root / "v1" / "attention" / "backends"
+    registry.mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "_version.py").write_text("__version__ = version = '0.33.0+fork'\n")
+    (registry / "registry.py").write_text(
+        "class AttentionBackendEnum(Enum):\n    FLASH_ATTN = 'x'\n    B12X_MLA_SPARSE = 'y'\n"
+    )
+    (root / "envs.py").write_text(
+        "B12X_PCIE_ALLREDUCE = os.getenv('B12X_PCIE_ALLREDUCE')\n"
+        "DCP_CKV_GATHER = os.getenv('DCP_CKV_GATHER')\n"
+        "T = os.getenv('VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE')\n"
+        "M = os.getenv('VLLM_GLM53_SPLIT_MAMBA_BLOCK_SIZE')\n"
+        "K = additional_config.get('glm53_kda_decode_backend')\n"
+    )
+    return root

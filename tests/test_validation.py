@@ -1,0 +1,205 @@
+"""Bad input fails closed: exit 2, one message naming field, value and fix, nothing started.
+
+Each case runs the real `python -m launch run` with a stand-in `vllm` executable on PATH that
+records that it was started; a rejected profile must leave no record.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+BAD_INPUTS = [
+    # (profile, environment, --set values, text the message must contain)
+    ("dflash-tp4-dcp4", {"DCP": "3"}, [], "engine.decode_context_parallel_size=3"),
+    ("dflash-tp4-dcp4", {"TP": "0"}, [], "engine.tensor_parallel_size=0"),
+    ("dflash-tp4-dcp4", {"TP": "four"}, [], "must be an integer"),
+    ("dflash-tp4-dcp4", {"DCP": "-4"}, [], "engine.decode_context_parallel_size=-4"),
+    ("dflash-tp4-dcp4", {"GPU_DEVICES": "0,1,2"}, [], "has 3 GPUs but TP x PP = 4"),
+    ("dflash-tp4-dcp4", {"GPU_DEVICES": "0,1,1,2"}, [], "lists a GPU twice"),
+    (
+        "dflash-tp4-dcp4",
+        {"CP_KV_CACHE_INTERLEAVE_SIZE": "0"},
+        [],
+        "engine.cp_kv_cache_interleave_size=0",
+    ),
+    ("mtp3-tp4-split", {"CP_KV_CACHE_INTERLEAVE_SIZE": "4"}, [], "without context parallelism"),
+    (
+        "dflash-tp4-dcp4",
+        {"NUM_SPECULATIVE_TOKENS": "0"},
+        [],
+        "engine.speculative_config.num_speculative_tokens=0",
+    ),
+    ("dflash-tp4-dcp4", {"NUM_SPECULATIVE_TOKENS": "9000"}, [], "more than max_num_batched_tokens"),
+    (
+        "mtp3-tp4-split",
+        {"VLLM_GLM53_SPLIT_MAMBA_BLOCK_SIZE": "768"},
+        [],
+        "must be a positive multiple of the target block (512)",
+    ),
+    (
+        "mtp3-tp4-split",
+        {"VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE": "-512"},
+        [],
+        "features.split_pages.target_block_size=-512",
+    ),
+    (
+        "mtp3-tp4-split",
+        {},
+        ["engine.mamba_cache_mode=none"],
+        "split pages require mamba_cache_mode=align",
+    ),
+    (
+        "dflash-tp4-dcp4",
+        {"GPU_MEMORY_UTILIZATION": "0.9"},
+        [],
+        "cannot be combined with kv_cache_memory_bytes",
+    ),
+    (
+        "dflash-tp4-dcp4",
+        {"MAX_CUDAGRAPH_CAPTURE_SIZE": "512"},
+        [],
+        "exceeds the largest decode batch",
+    ),
+    ("dflash-tp4-dcp4", {"MODEL_REVISION": "main"}, [], "must be a full 40-hex commit"),
+    (
+        "dflash-tp4-dcp4",
+        {"DFLASH_MODEL_REVISION": "b6d33aa"},
+        [],
+        "engine.speculative_config.revision='b6d33aa'",
+    ),
+    ("dflash-tp4-dcp4", {"PORT": "70000"}, [], "deployment.port=70000"),
+    ("dflash-tp4-dcp4", {}, ["engine.max_num_seq=16"], "is not a settable profile path"),
+    ("dflash-tp4-dcp4", {}, ["MAX_NUM_SEQS"], "must be key=value"),
+    ("dflash-tp4-dcp4", {"CUDAGRAPH_MODE": "FULLL"}, [], "is not a vLLM CUDA graph mode"),
+    ("dflash-tp4-dcp4", {"KV_CACHE_DTYPE": "fp9"}, [], "is not a vLLM KV cache dtype"),
+    ("dflash-tp4-dcp4", {"SPECULATOR": "eagle3"}, [], "is not a speculative method"),
+    ("dflash-tp4-dcp4", {"B12X_PCIE_ALLREDUCE": "maybe"}, [], "must be true or false"),
+    ("dflash-tp4-dcp4", {"FALLBACKS": "split_pages"}, [], "is not a fallback of this profile"),
+    ("no-such-profile", {}, [], "is not a shipped profile"),
+    ("dflash-tp4-dcp4", {"MAX_MODEL_LEN": "0"}, [], "engine.max_model_len=0"),
+]
+
+
+UPSTREAM_FALLBACKS = (
+    "b12x_pcie_allreduce",
+    "dcp_ckv_gather",
+    "additional_config.glm53_kda_decode_backend",
+)
+
+
+def run_launch(
+    tmp_path: Path, args: list[str], environ: dict[str, str]
+) -> subprocess.CompletedProcess:
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    fake = bindir / "vllm"
+    fake.write_text(
+        f"#!{sys.executable}\n"
+        "import json, os, sys\n"
+        "open(os.environ['KIT_TEST_MARKER'], 'w').write(json.dumps("
+        "{'argv': sys.argv[1:], 'env': {k: os.environ.get(k) for k in "
+        "('CUDA_VISIBLE_DEVICES', 'B12X_PCIE_ALLREDUCE', 'DCP_CKV_GATHER')}}))\n"
+    )
+    fake.chmod(0o755)
+    env = {
+        "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}",
+        "KIT_TEST_MARKER": str(tmp_path / "started"),
+        **environ,
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "launch", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(("profile", "environ", "sets", "needle"), BAD_INPUTS)
+def test_bad_input_exits_2_with_one_message_and_starts_nothing(
+    tmp_path, fork_vllm_tree, profile, environ, sets, needle
+):
+    args = ["run", profile, "--vllm-root", str(fork_vllm_tree)]
+    for item in sets:
+        args += ["--set", item]
+    result = run_launch(tmp_path, args, environ)
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, result.stderr
+    assert needle in errors[0]
+    assert "Fix: " in errors[0]
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "started").exists()
+
+
+def test_at_least_fifteen_distinct_bad_inputs():
+    assert len({(p, tuple(e.items()), tuple(s)) for p, e, s, _ in BAD_INPUTS}) >= 15
+
+
+def test_missing_capability_refuses_unless_fallback_named(tmp_path):
+    """The installed upstream vLLM 0.33.0 lacks the fork's knobs: refuse, then run unqualified."""
+    from launch.capabilities import find_vllm
+
+    install = find_vllm()
+    assert install is not None and install.version == "0.33.0"
+    upstream = install.root
+    refused = run_launch(tmp_path, ["run", "dflash-tp4-dcp4", "--vllm-root", str(upstream)], {})
+    assert refused.returncode == 2
+    assert "features.b12x_pcie_allreduce" in refused.stderr
+    assert "FALLBACKS=b12x_pcie_allreduce" in refused.stderr
+    assert not (tmp_path / "started").exists()
+
+    allowed = run_launch(
+        tmp_path,
+        ["run", "dflash-tp4-dcp4", "--vllm-root", str(upstream)],
+        {"FALLBACKS": ",".join(UPSTREAM_FALLBACKS)},
+    )
+    assert allowed.returncode == 0, allowed.stderr
+    assert "UNQUALIFIED: features.b12x_pcie_allreduce=true dropped" in allowed.stderr
+    import json
+
+    started = json.loads((tmp_path / "started").read_text())
+    assert "--additional-config" not in started["argv"]
+    assert started["env"]["B12X_PCIE_ALLREDUCE"] is None
+
+
+def test_run_execs_vllm_with_the_rendered_argv_and_environment(tmp_path, fork_vllm_tree):
+    import json
+
+    from launch.capabilities import find_vllm
+    from launch.commands.common import build_plan
+
+    result = run_launch(
+        tmp_path,
+        ["run", "--vllm-root", str(fork_vllm_tree)],
+        {"PROFILE": "dflash-tp4-dcp4", "GPU_DEVICES": "4,5,6,7"},
+    )
+    assert result.returncode == 0, result.stderr
+    started = json.loads((tmp_path / "started").read_text())
+    expected = build_plan(
+        "dflash-tp4-dcp4", (), {"GPU_DEVICES": "4,5,6,7"}, find_vllm(fork_vllm_tree)
+    )
+    assert started["argv"] == list(expected.argv[1:])
+    assert started["env"] == {
+        "CUDA_VISIBLE_DEVICES": "4,5,6,7",
+        "B12X_PCIE_ALLREDUCE": "1",
+        "DCP_CKV_GATHER": "1",
+    }
+
+
+def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path, fork_vllm_tree):
+    result = run_launch(
+        tmp_path, ["run", "mtp3-tp4-split", "--dry-run", "--vllm-root", str(fork_vllm_tree)], {}
+    )
+    assert result.returncode == 0
+    assert "vllm serve local-inference-lab/GLM-5.3-Flash-NVFP4" in result.stderr
+    assert not (tmp_path / "started").exists()

@@ -1,0 +1,149 @@
+"""Rendered commands parse with vLLM 0.33.0's own `vllm serve` parser, installed CPU-only.
+
+Not a copied flag list: the argv goes through `make_arg_parser`, the parsed values are compared
+with the profile, and the nested JSON configs are checked against vLLM's config classes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+import pytest
+
+from launch.capabilities import find_vllm, requirements
+from launch.commands.common import build_plan
+from launch.loader import load, profile_names
+from launch.profile import CompilationConfig, SpeculativeConfig
+from launch.vllm_vocab import (
+    CUDAGRAPH_MODES,
+    GLM53_SPEC_METHODS,
+    KV_CACHE_DTYPES,
+    MAMBA_CACHE_MODES,
+)
+
+vllm = pytest.importorskip("vllm")
+
+VARIANTS = [
+    ("dflash-tp4-dcp4", {}),
+    ("mtp3-tp4-split", {}),
+    (
+        "dflash-tp4-dcp4",
+        {
+            "KV_CACHE_MEMORY": "none",
+            "GPU_MEMORY_UTILIZATION": "0.95",
+            "GPU_DEVICES": "4,5,6,7",
+            "PORT": "9000",
+        },
+    ),
+    (
+        "dflash-tp4-dcp4",
+        {
+            "NUM_SPECULATIVE_TOKENS": "5",
+            "MAX_NUM_SEQS": "16",
+            "MAX_CUDAGRAPH_CAPTURE_SIZE": "64",
+            "CUDAGRAPH_MODE": "FULL_AND_PIECEWISE",
+        },
+    ),
+    ("mtp3-tp4-split", {"MAX_MODEL_LEN": "131072", "VLLM_GLM53_SPLIT_MAMBA_BLOCK_SIZE": "2048"}),
+]
+
+
+@pytest.fixture(scope="module")
+def serve_parser():
+    from vllm.entrypoints.common.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    return make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+
+
+def _flatten_literal(t: object) -> set[str]:
+    out: set[str] = set()
+    for arg in typing.get_args(t):
+        if typing.get_origin(arg) is typing.Literal:
+            out |= _flatten_literal(arg)
+        else:
+            out.add(arg)
+    return out
+
+
+@pytest.mark.parametrize(("name", "environ"), VARIANTS)
+def test_rendered_argv_parses_with_vllm_serve_parser(serve_parser, name, environ):
+    plan = build_plan(name, (), environ, None)
+    assert plan.argv[:2] == ("vllm", "serve")
+    args = serve_parser.parse_args(list(plan.argv[2:]))
+    engine = plan.profile.engine
+    assert args.model_tag == engine.model
+    for field in dataclasses.fields(engine):
+        value = getattr(engine, field.name)
+        if field.name == "model" or value is None:
+            continue
+        parsed = getattr(args, field.name)
+        if field.name == "compilation_config":
+            for key, v in dataclasses.asdict(value).items():
+                if v is not None:
+                    got = getattr(parsed, key)
+                    assert (got.name if hasattr(got, "name") else got) == v
+        elif field.name == "speculative_config":
+            assert parsed == {k: v for k, v in dataclasses.asdict(value).items() if v is not None}
+        elif field.name == "served_model_name":
+            assert parsed == [value]
+        else:
+            assert parsed == value, field.name
+    assert args.host == plan.profile.deployment.host
+    assert args.port == plan.profile.deployment.port
+
+
+def test_nested_config_keys_are_vllm_config_fields():
+    from vllm.config import CompilationConfig as VllmCompilation
+    from vllm.config import SpeculativeConfig as VllmSpeculative
+
+    vllm_spec_fields = {f for f in VllmSpeculative.__dataclass_fields__}
+    assert {f.name for f in dataclasses.fields(SpeculativeConfig)} <= vllm_spec_fields
+    vllm_cc_fields = set(VllmCompilation.__dataclass_fields__)
+    assert {f.name for f in dataclasses.fields(CompilationConfig)} <= vllm_cc_fields
+    for name in profile_names():
+        cc = load(name).profile.engine.compilation_config
+        built = VllmCompilation(
+            **{k: v for k, v in dataclasses.asdict(cc).items() if v is not None}
+        )
+        assert built.cudagraph_mode.name == cc.cudagraph_mode
+
+
+def test_validator_vocabulary_matches_installed_vllm():
+    from vllm.config.cache import CacheDType, MambaCacheMode
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.config.speculative import SpeculativeMethod
+
+    assert {m.name for m in CUDAGraphMode} == CUDAGRAPH_MODES
+    assert _flatten_literal(CacheDType) == KV_CACHE_DTYPES
+    assert _flatten_literal(MambaCacheMode) == MAMBA_CACHE_MODES
+    assert _flatten_literal(SpeculativeMethod) >= GLM53_SPEC_METHODS
+
+
+def test_capability_detection_on_upstream_vllm_0_33_0():
+    install = find_vllm()
+    assert install is not None and install.version == "0.33.0"
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    assert install.attention_backends == {m.name for m in AttentionBackendEnum}
+    assert "FLASH_ATTN" in install.attention_backends
+    assert "B12X_MLA_SPARSE" not in install.attention_backends
+    assert install.reads('"kda_prefill_backend"')  # an upstream additional-config key
+    met = {
+        name: {r.name: r.met(install) for r in requirements(load(name).profile)}
+        for name in profile_names()
+    }
+    assert met == {
+        "dflash-tp4-dcp4": {
+            "b12x_pcie_allreduce": False,
+            "dcp_ckv_gather": False,
+            "draft_attention_backend": True,  # FLASH_ATTN is upstream
+            "additional_config.glm53_kda_decode_backend": False,
+        },
+        "mtp3-tp4-split": {
+            "split_pages": False,  # provided by patches/vllm, not by the pristine wheel
+            "attention_backend": False,  # B12X_MLA_SPARSE is the fork's
+            "draft_attention_backend": False,
+        },
+    }
