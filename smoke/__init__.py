@@ -1,0 +1,4 @@
+"""Post-start checks: the server answers over the OpenAI API and its log shows the promised geometry.
+
+`smoke` imports the profile model from `launch`; `launch` never imports `smoke`.
+"""

@@ -1,0 +1,203 @@
+"""OpenAI chat-completions checks against a running server, each bounded in time.
+
+Plain `requests`: the checks need status codes, raw SSE lines and arrival times, which the
+official client hides. Every request has a connect and read timeout, and streaming also has an
+overall deadline, so a hung server fails a named check in bounded time instead of hanging.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+
+from smoke.verdict import Check
+
+READY_PROMPT = "Reply with exactly READY"
+LENGTH_PROMPT = "Count from one to one hundred in words, separated by commas."
+LENGTH_LIMIT = 5
+
+
+@dataclass(frozen=True)
+class Server:
+    base_url: str
+    model_id: str
+    api_key: str | None = None
+    timeout: float = 60.0
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def url(self, path: str) -> str:
+        return self.base_url.rstrip("/") + path
+
+
+class CheckFailed(Exception):
+    """A check's own failure: the message is what the verdict shows as seen."""
+
+
+def _guard(name: str, expected: str, body: Callable[[], str]) -> Check:
+    """Run one check; any transport or protocol failure becomes a failed check, not a traceback."""
+    try:
+        return Check(name, expected, body(), True)
+    except CheckFailed as err:
+        return Check(name, expected, str(err), False)
+    except requests.Timeout:
+        return Check(name, expected, "timed out", False)
+    except requests.RequestException as err:
+        return Check(name, expected, f"request failed: {type(err).__name__}", False)
+
+
+def _json(response: requests.Response) -> dict[str, Any]:
+    if response.status_code != 200:
+        raise CheckFailed(f"HTTP {response.status_code}: {response.text[:120]!r}")
+    try:
+        data = response.json()
+    except ValueError as err:
+        raise CheckFailed(f"malformed JSON: {response.text[:80]!r}") from err
+    if not isinstance(data, dict):
+        raise CheckFailed(f"JSON is not an object: {response.text[:80]!r}")
+    return data
+
+
+def _chat(server: Server, payload: dict[str, Any]) -> dict[str, Any]:
+    response = requests.post(
+        server.url("/v1/chat/completions"),
+        json={"model": server.model_id, **payload},
+        headers=server.headers(),
+        timeout=(5, server.timeout),
+    )
+    return _json(response)
+
+
+def _choice(data: dict[str, Any]) -> dict[str, Any]:
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise CheckFailed(f"no choices in response: {json.dumps(data)[:100]}")
+    return choices[0]
+
+
+def _usage(data: dict[str, Any]) -> tuple[int, int, int]:
+    usage = data.get("usage")
+    if not isinstance(usage, dict):
+        raise CheckFailed("no usage in response")
+    try:
+        p, c, t = (int(usage[k]) for k in ("prompt_tokens", "completion_tokens", "total_tokens"))
+    except (KeyError, TypeError, ValueError) as err:
+        raise CheckFailed(f"usage incomplete: {usage}") from err
+    return p, c, t
+
+
+def check_model_id(server: Server) -> Check:
+    def body() -> str:
+        data = _json(requests.get(server.url("/v1/models"), headers=server.headers(),
+                                  timeout=(5, server.timeout)))
+        ids = [m.get("id") for m in data.get("data", []) if isinstance(m, dict)]
+        if server.model_id not in ids:
+            raise CheckFailed(f"served ids {ids}")
+        return server.model_id
+
+    return _guard("api: served model id", server.model_id, body)
+
+
+def check_ready_answer(server: Server) -> Check:
+    def body() -> str:
+        data = _chat(server, {
+            "messages": [{"role": "user", "content": READY_PROMPT}],
+            "temperature": 0, "max_tokens": 16,
+        })
+        content = (_choice(data).get("message") or {}).get("content")
+        if not isinstance(content, str) or content.strip() != "READY":
+            raise CheckFailed(f"answer {content!r}")
+        return repr(content.strip())
+
+    return _guard("api: chat answers READY", "'READY' (temperature 0)", body)
+
+
+def check_usage(server: Server) -> Check:
+    def body() -> str:
+        data = _chat(server, {
+            "messages": [{"role": "user", "content": READY_PROMPT}],
+            "temperature": 0, "max_tokens": 16,
+        })
+        content = (_choice(data).get("message") or {}).get("content") or ""
+        p, c, t = _usage(data)
+        if p <= 0 or t != p + c:
+            raise CheckFailed(f"prompt {p} + completion {c} != total {t}")
+        if c < 1:
+            raise CheckFailed(f"completion_tokens {c} for text {content!r}")
+        return f"prompt {p} + completion {c} = total {t}"
+
+    return _guard("api: usage counts consistent", "prompt + completion = total, completion >= 1",
+                  body)
+
+
+def check_length_limit(server: Server) -> Check:
+    def body() -> str:
+        data = _chat(server, {
+            "messages": [{"role": "user", "content": LENGTH_PROMPT}],
+            "temperature": 0, "max_tokens": LENGTH_LIMIT,
+        })
+        reason = _choice(data).get("finish_reason")
+        _, completion, _ = _usage(data)
+        if reason != "length" or completion != LENGTH_LIMIT:
+            raise CheckFailed(f"finish_reason {reason!r}, completion_tokens {completion}")
+        return f"finish_reason 'length', {completion} tokens"
+
+    return _guard("api: max_tokens honoured", f"finish_reason 'length', {LENGTH_LIMIT} tokens",
+                  body)
+
+
+def check_stream(server: Server) -> Check:
+    def body() -> str:
+        deadline = time.monotonic() + server.timeout
+        response = requests.post(
+            server.url("/v1/chat/completions"),
+            json={
+                "model": server.model_id,
+                "messages": [{"role": "user", "content": LENGTH_PROMPT}],
+                "temperature": 0, "max_tokens": 32, "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+            headers=server.headers(), stream=True, timeout=(5, server.timeout),
+        )
+        if response.status_code != 200:
+            raise CheckFailed(f"HTTP {response.status_code}")
+        arrivals: list[float] = []
+        done = False
+        for raw in response.iter_lines(chunk_size=None, decode_unicode=False):
+            if time.monotonic() > deadline:
+                raise CheckFailed(f"stream exceeded {server.timeout:.0f} s")
+            line = raw.decode("utf-8", "replace").strip()
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                done = True
+                break
+            try:
+                chunk = json.loads(data)
+            except ValueError as err:
+                raise CheckFailed(f"chunk is not JSON: {data[:60]!r}") from err
+            for choice in chunk.get("choices") or []:
+                if (choice.get("delta") or {}).get("content"):
+                    arrivals.append(time.monotonic())
+        response.close()
+        if not done:
+            raise CheckFailed(f"stream ended without [DONE] after {len(arrivals)} content chunks")
+        if len(arrivals) < 2:
+            raise CheckFailed(f"{len(arrivals)} content chunk(s); not incremental")
+        return f"{len(arrivals)} content chunks, then [DONE]"
+
+    return _guard("api: streaming SSE", "incremental chunks ending in [DONE]", body)
+
+
+API_CHECKS = (check_model_id, check_ready_answer, check_stream, check_length_limit, check_usage)
+
+
+def run_api_checks(server: Server) -> list[Check]:
+    return [check(server) for check in API_CHECKS]

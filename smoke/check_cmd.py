@@ -1,0 +1,82 @@
+"""`python -m smoke check`: readiness, chat completions, and the log's geometry vs the profile.
+
+Exit 0 when every check passes, 1 when a check failed, 2 for bad usage or unreadable input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from launch.commands.common import build_plan
+from launch.errors import ProfileError
+from smoke.api import Server, run_api_checks
+from smoke.logparse import LogParser
+from smoke.ready import LogTail, wait_ready
+from smoke.verdict import exit_status, format_table, geometry_checks, to_json
+
+NAME = "check"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(NAME, help="check a started server against its profile")
+    parser.add_argument("--profile", default=os.environ.get("PROFILE"),
+                        help="profile the server was started with (default $PROFILE)")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="the same overrides the server was started with")
+    parser.add_argument("--url", help="server base URL (default http://127.0.0.1:<profile port>)")
+    parser.add_argument("--log", help="server log file, or - for standard input")
+    parser.add_argument("--no-log", action="store_true",
+                        help="skip the log checks (only when no log can be had)")
+    parser.add_argument("--service", help="compose service to read from a multi-service log")
+    parser.add_argument("--timeout", type=float, default=1800.0,
+                        help="seconds to wait for the server to come up (default 1800)")
+    parser.add_argument("--request-timeout", type=float, default=60.0,
+                        help="seconds each request may take (default 60)")
+    parser.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"),
+                        help="bearer token (default $VLLM_API_KEY)")
+    parser.add_argument("--json", action="store_true", help="machine-readable verdict")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.profile:
+        raise ProfileError("--profile", None, "no profile given", "pass --profile or set PROFILE")
+    if bool(args.log) == bool(args.no_log):
+        raise ProfileError("--log", args.log, "give exactly one of --log FILE, --log - or --no-log",
+                           "pass the server log, e.g. --log server.log")
+    log_path = None
+    if args.log and args.log != "-":
+        log_path = Path(args.log)
+        if not log_path.is_file():
+            raise ProfileError("--log", args.log, "is not a readable file",
+                               "pass the server's log file, or - to read standard input")
+    plan = build_plan(args.profile, args.sets, os.environ, None)
+    profile = plan.profile
+    url = args.url or f"http://127.0.0.1:{profile.deployment.port}"
+    server = Server(url, profile.engine.model_id, args.api_key, args.request_timeout)
+    parser = LogParser()
+    tail = LogTail(log_path, parser)
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    checks = [wait_ready(server, args.timeout, tail, progress, service=args.service)]
+    if checks[0].ok:
+        checks += run_api_checks(server)
+    if args.log == "-":
+        for line in sys.stdin:
+            parser.feed(line)
+    else:
+        tail.poll()
+    if not args.no_log:
+        checks += geometry_checks(profile, parser.result(args.service))
+    if args.json:
+        print(to_json(checks, profile=profile.name, url=url, deviations=list(plan.deviations)))
+    else:
+        if plan.deviations:
+            print("deviations from the qualified profile:\n  " + "\n  ".join(plan.deviations))
+        print(format_table(checks))
+    return exit_status(checks)

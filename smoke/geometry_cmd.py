@@ -1,0 +1,57 @@
+"""`python -m smoke geometry --log FILE`: the facts a vLLM log states, optionally vs a profile."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from launch.commands.common import build_plan
+from launch.errors import ProfileError
+from smoke.logparse import LogParser
+from smoke.verdict import exit_status, format_table, geometry_checks, to_json
+
+NAME = "geometry"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(NAME, help="parse a vLLM server log into facts")
+    parser.add_argument("--log", required=True, help="log file, or - for standard input")
+    parser.add_argument("--profile", help="also compare the facts with this profile's expect")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--service", help="compose service to report from a multi-service log")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    parser = LogParser()
+    if args.log == "-":
+        for line in sys.stdin:
+            parser.feed(line)
+    else:
+        path = Path(args.log)
+        if not path.is_file():
+            raise ProfileError("--log", args.log, "is not a readable file", "pass a log file path")
+        with path.open(encoding="utf-8", errors="replace", newline="") as fh:
+            for line in fh:
+                parser.feed(line)
+    facts = parser.result(args.service)
+    if not args.profile:
+        print(json.dumps(facts, indent=2) if args.json else _summary(facts))
+        return 0
+    plan = build_plan(args.profile, args.sets, os.environ, None)
+    checks = geometry_checks(plan.profile, facts)
+    print(to_json(checks, facts=facts) if args.json else format_table(checks))
+    return exit_status(checks)
+
+
+def _summary(facts: dict) -> str:
+    keys = [k for k in facts if k != "services"]
+    lines = [f"{k}: {json.dumps(facts[k])}" for k in keys]
+    for name, sub in (facts.get("services") or {}).items():
+        lines.append(f"[service {name}] kv_cache_tokens={sub['kv_cache_tokens']} "
+                     f"starts={sub['starts']} startup_failed={sub['startup_failed']}")
+    return "\n".join(lines)

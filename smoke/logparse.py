@@ -1,0 +1,289 @@
+"""vLLM server log -> facts: a pure, streaming parser.
+
+It reads one line at a time and keeps only facts, so memory follows the number of distinct facts,
+not the size of the log. Real logs carry noise that each step below removes before matching:
+docker-compose service prefixes (`svc  | `), container timestamps (`docker logs -t`), stacked
+process prefixes (`(Worker pid=355) (Worker pid=354) INFO ...`), carriage returns from tqdm bars,
+and ANSI colour codes. Only lines in vLLM's own format (`LEVEL MM-DD HH:MM:SS [file.py:N] msg`)
+count as vLLM facts, so another library's "Using backend" line is not taken for a vLLM backend.
+
+A new start (the API server's `non-default args:` line) resets the start facts: the facts of the
+last start count. Failures are kept across restarts, so a crash before an automatic restart is
+still reported. A fact the log does not state stays None; nothing is guessed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+COMPOSE_PREFIX = re.compile(r"^(?P<service>[A-Za-z0-9][\w.\-]*)\s+\| ?(?P<rest>.*)$")
+CONTAINER_TS = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|[+-]\d{2}:?\d{2})? ")
+PROCESS_PREFIX = re.compile(r"^(?:\([A-Za-z][\w]* pid=\d+\)\s*)+")
+VLLM_LINE = re.compile(
+    r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d "
+    r"\[(?P<source>[^\]]+)\] (?P<msg>.*)$"
+)
+
+BANNER = re.compile(r"Initializing a V1 LLM engine \(v(?P<version>[^)\s]+)\) with config")
+START = re.compile(r"^non-default args: ")
+KV_TOKENS = re.compile(r"GPU KV cache size: (?P<tokens>[\d,]+) tokens")
+CONCURRENCY = re.compile(
+    r"Maximum concurrency for (?P<tokens>[\d,]+) tokens per request: (?P<x>-?[\d.]+)x"
+)
+AVAILABLE = re.compile(r"Available KV cache memory: (?P<gib>-?[\d.]+) GiB")
+GRAPH = re.compile(r"Graph capturing finished in (?P<secs>\d+) secs?, took (?P<gib>-?[\d.]+) GiB")
+GRAPH_PROFILE = re.compile(r"(?P<mode>[A-Z_]+)=(?P<count>\d+) \(largest=(?P<largest>\d+)\)")
+CUDAGRAPH_RESOLVED = re.compile(
+    r"CUDAGraphMode\.(?P<from>[A-Z_]+) is not supported with (?P<backend>\S+) backend.*"
+    r"setting cudagraph_mode=(?P<to>[A-Z_]+)"
+)
+BACKEND_PATTERNS = (
+    re.compile(r"^(?P<s>Using backend \S+ for .+?)\.?$"),
+    re.compile(r"^(?P<s>Using (?!backend\b)[^ ][^:]{0,160}? backends?(?: \(in dispatch order\))?"
+               r"(?: for group '[^']*')?)(?: out of potential backends\b.*|\.)?$"),
+    re.compile(r"^(?P<s>(?:Using|Selected) \w+Kernel for \w+)\.?$"),
+)
+BLOCK_SIZE = (
+    re.compile(r"^(?P<s>Setting attention block size to (?P<n>\d+) tokens\b.*?)\s*$"),
+    re.compile(r"^(?P<s>Setting kv cache block size to (?P<n>\d+) for \S+ backend)\.?\s*$"),
+)
+SPEC = re.compile(r"SpecDecoding metrics: Mean acceptance length: (?P<mal>[\d.]+)")
+SPEC_COUNTS = re.compile(r"Accepted: (?P<acc>\d+) tokens, Drafted: (?P<draft>\d+) tokens")
+FAILED = re.compile(r"EngineCore failed to start|Engine core initialization failed")
+EXCEPTION = re.compile(r"^(?P<s>(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Interrupt)(?:: .*)?)$")
+EXITED = re.compile(r"^(?P<service>[\w.\-]+) exited with code (?P<code>\d+)")
+
+
+def _int(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+@dataclass
+class StartFacts:
+    """Facts of one server start; replaced when the log shows a new start."""
+
+    engine_version: str | None = None
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+    max_concurrency_tokens: int | None = None
+    available_kv_cache_gib: float | None = None
+    graph_captures: list[dict[str, Any]] = field(default_factory=list)
+    graph_profile: dict[str, dict[str, int]] | None = None
+    cudagraph_mode_resolved: str | None = None
+    backends: list[str] = field(default_factory=list)
+    block_size_changes: list[dict[str, Any]] = field(default_factory=list)
+    spec_decode: dict[str, Any] | None = None
+    failed: bool = False
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ServiceState:
+    """All starts of one service (one vLLM server) in the log."""
+
+    current: StartFacts = field(default_factory=StartFacts)
+    starts: int = 0
+    any_failed: bool = False
+    errors: list[str] = field(default_factory=list)
+    failed_starts: list[dict[str, Any]] = field(default_factory=list)
+    last_line: str | None = None
+
+    def new_start(self) -> None:
+        if self.starts:
+            self._archive()
+            self.current = StartFacts()
+        self.starts += 1
+
+    def _archive(self) -> None:
+        c = self.current
+        if c.failed:
+            self.failed_starts.append({
+                "start": self.starts,
+                "available_kv_cache_gib": c.available_kv_cache_gib,
+                "errors": list(c.errors),
+            })
+
+    def facts(self) -> dict[str, Any]:
+        c = self.current
+        return {
+            "engine_version": c.engine_version,
+            "kv_cache_tokens": c.kv_cache_tokens,
+            "max_concurrency": c.max_concurrency,
+            "max_concurrency_tokens": c.max_concurrency_tokens,
+            "available_kv_cache_gib": c.available_kv_cache_gib,
+            "graph_captures": list(c.graph_captures),
+            "graph_profile": c.graph_profile,
+            "cudagraph_mode_resolved": c.cudagraph_mode_resolved,
+            "backends": list(c.backends),
+            "block_size_changes": [dict(b) for b in c.block_size_changes],
+            "spec_decode": c.spec_decode,
+            "starts": self.starts,
+            "startup_failed": self.any_failed,
+            "last_start_failed": c.failed,
+            "errors": list(self.errors),
+            "failed_starts": [
+                *self.failed_starts,
+                *([{"start": self.starts, "available_kv_cache_gib": c.available_kv_cache_gib,
+                    "errors": list(c.errors)}] if c.failed else []),
+            ],
+        }
+
+
+def clean(raw: str) -> tuple[str | None, str]:
+    """One physical line -> (compose service or None, text without prefixes or colour)."""
+    text = ANSI.sub("", raw).rstrip("\n")
+    service = None
+    match = COMPOSE_PREFIX.match(text)
+    if match and not text.startswith("("):
+        service, text = match.group("service"), match.group("rest")
+    text = CONTAINER_TS.sub("", text, count=1)
+    text = PROCESS_PREFIX.sub("", text, count=1)
+    return service, text.strip()
+
+
+def split_lines(chunks: Iterable[str]) -> Iterator[str]:
+    """Lines split on newline and on carriage return (each tqdm redraw is its own line)."""
+    for chunk in chunks:
+        yield from (part for part in re.split(r"\r\n|\r|\n", chunk) if part)
+
+
+class LogParser:
+    """Feed lines with `feed`; read facts with `result` at any time (streaming)."""
+
+    def __init__(self) -> None:
+        self.services: dict[str, ServiceState] = {}
+        self._plain = ServiceState()
+
+    def _state(self, service: str | None) -> ServiceState:
+        if service is None:
+            return self._plain
+        return self.services.setdefault(service, ServiceState())
+
+    def feed(self, raw: str) -> None:
+        for part in split_lines([raw]):
+            self._feed_line(part)
+
+    def _feed_line(self, raw: str) -> None:
+        exited = EXITED.match(ANSI.sub("", raw).strip())
+        if exited:
+            self._state(exited.group("service")).last_line = raw.strip()
+            return
+        service, text = clean(raw)
+        if not text:
+            return
+        state = self._state(service)
+        state.last_line = text
+        match = VLLM_LINE.match(text)
+        msg = match.group("msg") if match else text
+        if match is None:
+            self._plain_line(state, text)
+            return
+        if START.match(msg):
+            state.new_start()
+        self._vllm_message(state, msg)
+
+    def _plain_line(self, state: ServiceState, text: str) -> None:
+        exc = EXCEPTION.match(text)
+        if exc and not text.startswith("Traceback"):
+            self._error(state, exc.group("s"))
+        elif FAILED.search(text):
+            self._fail(state)
+
+    def _fail(self, state: ServiceState) -> None:
+        if state.starts == 0:
+            state.starts = 1
+        state.current.failed = True
+        state.any_failed = True
+
+    def _error(self, state: ServiceState, line: str) -> None:
+        self._fail(state)
+        if line not in state.current.errors:
+            state.current.errors.append(line)
+        if line not in state.errors:
+            state.errors.append(line)
+
+    def _vllm_message(self, state: ServiceState, msg: str) -> None:  # noqa: C901
+        c = state.current
+        if m := BANNER.search(msg):
+            if state.starts == 0:
+                state.starts = 1
+            c.engine_version = m.group("version")
+            return
+        if m := KV_TOKENS.search(msg):
+            c.kv_cache_tokens = _int(m.group("tokens"))
+        if m := CONCURRENCY.search(msg):
+            c.max_concurrency_tokens = _int(m.group("tokens"))
+            c.max_concurrency = float(m.group("x"))
+        if (m := AVAILABLE.search(msg)) and c.available_kv_cache_gib is None:
+            c.available_kv_cache_gib = float(m.group("gib"))
+        if m := GRAPH.search(msg):
+            c.graph_captures.append({"secs": int(m.group("secs")), "gib": float(m.group("gib"))})
+        if msg.startswith("Profiling CUDA graph memory:") and c.graph_profile is None:
+            c.graph_profile = {
+                g.group("mode"): {"count": int(g.group("count")), "largest": int(g.group("largest"))}
+                for g in GRAPH_PROFILE.finditer(msg)
+            }
+        if m := CUDAGRAPH_RESOLVED.search(msg):
+            c.cudagraph_mode_resolved = m.group("to")
+        for pattern in BACKEND_PATTERNS:
+            if (m := pattern.match(msg)) and ". " not in m.group("s"):
+                if m.group("s") not in c.backends:
+                    c.backends.append(m.group("s"))
+                break
+        for pattern in BLOCK_SIZE:
+            if m := pattern.match(msg):
+                self._block_change(c, m.group("s"), int(m.group("n")))
+        if m := SPEC.search(msg):
+            counts = SPEC_COUNTS.search(msg)
+            c.spec_decode = {
+                "mean_acceptance_length": float(m.group("mal")),
+                "accepted_tokens": int(counts.group("acc")) if counts else None,
+                "drafted_tokens": int(counts.group("draft")) if counts else None,
+            }
+        if FAILED.search(msg):
+            self._fail(state)
+        elif (exc := EXCEPTION.match(msg)) and not msg.startswith("Traceback"):
+            self._error(state, exc.group("s"))
+
+    @staticmethod
+    def _block_change(c: StartFacts, message: str, tokens: int) -> None:
+        for entry in c.block_size_changes:
+            if entry["message"] == message:
+                entry["count"] += 1
+                return
+        c.block_size_changes.append({"message": message, "block_size": tokens, "count": 1})
+
+    def result(self, service: str | None = None) -> dict[str, Any]:
+        """Facts of `service`, or of the only server in the log; per-service facts alongside.
+
+        With several compose services and none chosen, the top-level facts are empty (which
+        server's numbers they are would be a guess) and `services` holds each one's facts.
+        """
+        named = {name: s.facts() for name, s in self.services.items() if s.starts or s.errors}
+        if service is not None:
+            chosen = self.services.get(service, ServiceState()).facts()
+        elif len(named) == 1:
+            chosen = next(iter(named.values()))
+        elif named:
+            chosen = ServiceState().facts()
+        else:
+            chosen = self._plain.facts()
+        return {**chosen, "services": named or None}
+
+    def last_line(self, service: str | None = None) -> str | None:
+        if service is not None:
+            return self._state(service).last_line
+        lines = [s.last_line for s in self.services.values()] + [self._plain.last_line]
+        return next((line for line in reversed(lines) if line), None)
+
+
+def parse_lines(lines: Iterable[str], service: str | None = None) -> dict[str, Any]:
+    """Facts from an iterable of log lines (a file object streams)."""
+    parser = LogParser()
+    for line in lines:
+        parser.feed(line)
+    return parser.result(service)

@@ -1,0 +1,85 @@
+"""Wait for a starting server, visibly: elapsed time and the last log line, never a frozen screen.
+
+Loading GLM-5.3-Flash and capturing graphs takes minutes. The wait polls `/health` and
+`/v1/models`, tails the server log if one is given, and stops early when the log shows the
+engine failed to start, naming the root cause.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import requests
+
+from smoke.api import Server
+from smoke.logparse import LogParser
+from smoke.verdict import Check
+
+
+class LogTail:
+    """Reads what a growing log file gained since the last call into one parser."""
+
+    def __init__(self, path: Path | None, parser: LogParser) -> None:
+        self.path = path
+        self.parser = parser
+        self.offset = 0
+
+    def poll(self) -> None:
+        if self.path is None or not self.path.is_file():
+            return
+        with self.path.open("rb") as fh:
+            fh.seek(self.offset)
+            data = fh.read()
+        cut = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+        if cut:
+            self.parser.feed(data[:cut].decode("utf-8", "replace"))
+            self.offset += cut
+
+
+def _up(server: Server) -> str | None:
+    """None when ready, else why not."""
+    try:
+        health = requests.get(server.url("/health"), headers=server.headers(), timeout=(2, 5))
+        if health.status_code != 200:
+            return f"/health HTTP {health.status_code}"
+        models = requests.get(server.url("/v1/models"), headers=server.headers(), timeout=(2, 5))
+        if models.status_code != 200:
+            return f"/v1/models HTTP {models.status_code}"
+    except requests.RequestException as err:
+        return f"not reachable ({type(err).__name__})"
+    return None
+
+
+def wait_ready(
+    server: Server,
+    timeout: float,
+    tail: LogTail,
+    progress: Callable[[str], None],
+    *,
+    poll_every: float = 1.0,
+    report_every: float = 10.0,
+    service: str | None = None,
+) -> Check:
+    start = time.monotonic()
+    last_report = -report_every
+    expected = f"/health and /v1/models answer 200 within {timeout:.0f} s"
+    while True:
+        elapsed = time.monotonic() - start
+        why = _up(server)
+        if why is None:
+            return Check("ready: server up", expected, f"ready after {elapsed:.0f} s", True)
+        tail.poll()
+        facts = tail.parser.result(service)
+        if facts["last_start_failed"]:
+            cause = facts["errors"][-1] if facts["errors"] else "EngineCore failed to start"
+            return Check("ready: server up", expected, f"engine failed to start: {cause}", False)
+        if elapsed >= timeout:
+            return Check("ready: server up", expected, f"{why} after {elapsed:.0f} s", False)
+        if elapsed - last_report >= report_every:
+            last_line = tail.parser.last_line(service) or "(no log)"
+            progress(f"waiting for {server.base_url}: {elapsed:.0f}s elapsed, {why}; "
+                     f"last log line: {last_line[:160]}")
+            last_report = elapsed
+        time.sleep(min(poll_every, max(0.0, timeout - elapsed)))

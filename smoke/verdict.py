@@ -1,0 +1,106 @@
+"""Checks and the verdict: each check has a name, what was expected, what was seen, pass or fail.
+
+`geometry_checks` compares the parsed server log with the profile's `expect` section, a pure
+function; an expectation the log does not report fails (unverified is not passed).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from launch.profile import Profile
+
+NOT_IN_LOG = "not reported in the log"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    expected: str
+    seen: str
+    ok: bool
+
+
+def _check(name: str, expected: Any, seen: Any, ok: bool) -> Check:
+    return Check(name, str(expected), NOT_IN_LOG if seen is None else str(seen), ok)
+
+
+def geometry_checks(profile: Profile, facts: dict[str, Any]) -> list[Check]:
+    """The log facts against the profile's expectations, one check per expectation."""
+    e = profile.expect
+    checks = [
+        _check("log: last start succeeded", "no startup failure",
+               "; ".join(facts["errors"][-1:]) or ("failed" if facts["last_start_failed"] else
+                                                   "started"),
+               facts["starts"] > 0 and not facts["last_start_failed"]),
+    ]
+    tokens = facts.get("kv_cache_tokens")
+    if e.kv_cache_tokens is not None:
+        checks.append(_check("log: KV cache tokens", e.kv_cache_tokens, tokens,
+                             tokens == e.kv_cache_tokens))
+    if e.kv_cache_tokens_min is not None:
+        checks.append(_check("log: KV cache tokens (floor)", f">= {e.kv_cache_tokens_min}", tokens,
+                             tokens is not None and tokens >= e.kv_cache_tokens_min))
+    if e.max_concurrency_min is not None:
+        x = facts.get("max_concurrency")
+        checks.append(_check("log: max concurrency (floor)", f">= {e.max_concurrency_min}x",
+                             None if x is None else f"{x}x",
+                             x is not None and x >= e.max_concurrency_min))
+    geometry = facts.get("kv_geometry") or {}
+    for name, want, got in (
+        ("log: KV blocks", e.kv_blocks, geometry.get("num_blocks")),
+        ("log: block sizes", e.block_sizes, geometry.get("block_sizes")),
+        ("log: page bytes", e.page_bytes, geometry.get("page_bytes")),
+        ("log: cache-group CP sizes", e.cache_group_cp_sizes, geometry.get("cp_sizes")),
+    ):
+        if want:
+            got_cmp = tuple(got) if isinstance(got, list) else got
+            checks.append(_check(name, want, got, got_cmp == want))
+    if e.cudagraph_mode is not None:
+        seen = facts.get("cudagraph_mode_resolved")
+        checks.append(_check("log: CUDA graph mode", e.cudagraph_mode, seen,
+                             seen == e.cudagraph_mode))
+    if e.decode_graph_max_batch is not None:
+        spec = profile.engine.speculative_config
+        per_seq = 1 + (spec.num_speculative_tokens if spec else 0)
+        full = (facts.get("graph_profile") or {}).get("FULL")
+        seen_batch = None if full is None else full["largest"] // per_seq
+        checks.append(_check("log: decode graphs through concurrency",
+                             f">= {e.decode_graph_max_batch}",
+                             None if full is None else
+                             f"{seen_batch} (largest FULL graph {full['largest']} tokens)",
+                             seen_batch is not None and seen_batch >= e.decode_graph_max_batch))
+    for want in e.backends:
+        hits = [b for b in facts.get("backends", []) if want in b]
+        checks.append(_check(f"log: backend {want}", f"a backend line naming {want}",
+                             hits[0] if hits else None, bool(hits)))
+    return checks
+
+
+def exit_status(checks: Sequence[Check]) -> int:
+    return 0 if checks and all(c.ok for c in checks) else 1
+
+
+def format_table(checks: Sequence[Check]) -> str:
+    rows = [("check", "expected", "seen", "result")]
+    rows += [(c.name, c.expected, _cut(c.seen), "pass" if c.ok else "FAIL") for c in checks]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = [
+        f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}" for r in rows
+    ]
+    passed = sum(c.ok for c in checks)
+    lines.append(f"{passed} passed, {len(checks) - passed} failed")
+    return "\n".join(lines)
+
+
+def to_json(checks: Sequence[Check], **extra: Any) -> str:
+    return json.dumps(
+        {"ok": exit_status(checks) == 0, "checks": [asdict(c) for c in checks], **extra}, indent=2
+    )
+
+
+def _cut(text: str, width: int = 90) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
