@@ -45,3 +45,8 @@ plan: $(KIT_STAMP)
 
 up: plan
 	@echo "make up: the compose start lands with the image issue; the command above is what the container runs."
+
+SMOKE_ARGS ?=
+smoke: $(KIT_STAMP)
+	@test -n "$(PROFILE)" || { echo "usage: make smoke PROFILE=<name> [LOG=server.log] [URL=http://127.0.0.1:8000]"; exit 2; }
+	$(KIT_PY) -m smoke check --profile $(PROFILE) $(if $(URL),--url $(URL)) --log $(or $(LOG),-) $(SMOKE_ARGS)

@@ -12,9 +12,9 @@ marked unqualified.
 from __future__ import annotations
 
 import dataclasses
-import json
 import importlib.metadata
 import importlib.util
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass

@@ -94,8 +94,11 @@ def _usage(data: dict[str, Any]) -> tuple[int, int, int]:
 
 def check_model_id(server: Server) -> Check:
     def body() -> str:
-        data = _json(requests.get(server.url("/v1/models"), headers=server.headers(),
-                                  timeout=(5, server.timeout)))
+        data = _json(
+            requests.get(
+                server.url("/v1/models"), headers=server.headers(), timeout=(5, server.timeout)
+            )
+        )
         ids = [m.get("id") for m in data.get("data", []) if isinstance(m, dict)]
         if server.model_id not in ids:
             raise CheckFailed(f"served ids {ids}")
@@ -106,10 +109,14 @@ def check_model_id(server: Server) -> Check:
 
 def check_ready_answer(server: Server) -> Check:
     def body() -> str:
-        data = _chat(server, {
-            "messages": [{"role": "user", "content": READY_PROMPT}],
-            "temperature": 0, "max_tokens": 16,
-        })
+        data = _chat(
+            server,
+            {
+                "messages": [{"role": "user", "content": READY_PROMPT}],
+                "temperature": 0,
+                "max_tokens": 16,
+            },
+        )
         content = (_choice(data).get("message") or {}).get("content")
         if not isinstance(content, str) or content.strip() != "READY":
             raise CheckFailed(f"answer {content!r}")
@@ -120,10 +127,14 @@ def check_ready_answer(server: Server) -> Check:
 
 def check_usage(server: Server) -> Check:
     def body() -> str:
-        data = _chat(server, {
-            "messages": [{"role": "user", "content": READY_PROMPT}],
-            "temperature": 0, "max_tokens": 16,
-        })
+        data = _chat(
+            server,
+            {
+                "messages": [{"role": "user", "content": READY_PROMPT}],
+                "temperature": 0,
+                "max_tokens": 16,
+            },
+        )
         content = (_choice(data).get("message") or {}).get("content") or ""
         p, c, t = _usage(data)
         if p <= 0 or t != p + c:
@@ -132,24 +143,30 @@ def check_usage(server: Server) -> Check:
             raise CheckFailed(f"completion_tokens {c} for text {content!r}")
         return f"prompt {p} + completion {c} = total {t}"
 
-    return _guard("api: usage counts consistent", "prompt + completion = total, completion >= 1",
-                  body)
+    return _guard(
+        "api: usage counts consistent", "prompt + completion = total, completion >= 1", body
+    )
 
 
 def check_length_limit(server: Server) -> Check:
     def body() -> str:
-        data = _chat(server, {
-            "messages": [{"role": "user", "content": LENGTH_PROMPT}],
-            "temperature": 0, "max_tokens": LENGTH_LIMIT,
-        })
+        data = _chat(
+            server,
+            {
+                "messages": [{"role": "user", "content": LENGTH_PROMPT}],
+                "temperature": 0,
+                "max_tokens": LENGTH_LIMIT,
+            },
+        )
         reason = _choice(data).get("finish_reason")
         _, completion, _ = _usage(data)
         if reason != "length" or completion != LENGTH_LIMIT:
             raise CheckFailed(f"finish_reason {reason!r}, completion_tokens {completion}")
         return f"finish_reason 'length', {completion} tokens"
 
-    return _guard("api: max_tokens honoured", f"finish_reason 'length', {LENGTH_LIMIT} tokens",
-                  body)
+    return _guard(
+        "api: max_tokens honoured", f"finish_reason 'length', {LENGTH_LIMIT} tokens", body
+    )
 
 
 def check_stream(server: Server) -> Check:
@@ -160,10 +177,14 @@ def check_stream(server: Server) -> Check:
             json={
                 "model": server.model_id,
                 "messages": [{"role": "user", "content": LENGTH_PROMPT}],
-                "temperature": 0, "max_tokens": 32, "stream": True,
+                "temperature": 0,
+                "max_tokens": 32,
+                "stream": True,
                 "stream_options": {"include_usage": True},
             },
-            headers=server.headers(), stream=True, timeout=(5, server.timeout),
+            headers=server.headers(),
+            stream=True,
+            timeout=(5, server.timeout),
         )
         if response.status_code != 200:
             raise CheckFailed(f"HTTP {response.status_code}")

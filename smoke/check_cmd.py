@@ -22,21 +22,42 @@ NAME = "check"
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(NAME, help="check a started server against its profile")
-    parser.add_argument("--profile", default=os.environ.get("PROFILE"),
-                        help="profile the server was started with (default $PROFILE)")
-    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                        help="the same overrides the server was started with")
+    parser.add_argument(
+        "--profile",
+        default=os.environ.get("PROFILE"),
+        help="profile the server was started with (default $PROFILE)",
+    )
+    parser.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="the same overrides the server was started with",
+    )
     parser.add_argument("--url", help="server base URL (default http://127.0.0.1:<profile port>)")
     parser.add_argument("--log", help="server log file, or - for standard input")
-    parser.add_argument("--no-log", action="store_true",
-                        help="skip the log checks (only when no log can be had)")
+    parser.add_argument(
+        "--no-log", action="store_true", help="skip the log checks (only when no log can be had)"
+    )
     parser.add_argument("--service", help="compose service to read from a multi-service log")
-    parser.add_argument("--timeout", type=float, default=1800.0,
-                        help="seconds to wait for the server to come up (default 1800)")
-    parser.add_argument("--request-timeout", type=float, default=60.0,
-                        help="seconds each request may take (default 60)")
-    parser.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"),
-                        help="bearer token (default $VLLM_API_KEY)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=1800.0,
+        help="seconds to wait for the server to come up (default 1800)",
+    )
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=60.0,
+        help="seconds each request may take (default 60)",
+    )
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("VLLM_API_KEY"),
+        help="bearer token (default $VLLM_API_KEY)",
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable verdict")
     return parser
 
@@ -44,15 +65,32 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     if not args.profile:
         raise ProfileError("--profile", None, "no profile given", "pass --profile or set PROFILE")
-    if bool(args.log) == bool(args.no_log):
-        raise ProfileError("--log", args.log, "give exactly one of --log FILE, --log - or --no-log",
-                           "pass the server log, e.g. --log server.log")
+    if args.no_log:
+        args.log = None
+    elif not args.log:
+        raise ProfileError(
+            "--log",
+            None,
+            "no server log given; the geometry checks need it",
+            "pass --log FILE, --log - (standard input) or --no-log",
+        )
+    elif args.log == "-" and sys.stdin.isatty():
+        raise ProfileError(
+            "--log",
+            "-",
+            "standard input is a terminal, not a log",
+            "pipe the log in (docker logs vllm 2>&1 | ...) or pass --log FILE",
+        )
     log_path = None
     if args.log and args.log != "-":
         log_path = Path(args.log)
         if not log_path.is_file():
-            raise ProfileError("--log", args.log, "is not a readable file",
-                               "pass the server's log file, or - to read standard input")
+            raise ProfileError(
+                "--log",
+                args.log,
+                "is not a readable file",
+                "pass the server's log file, or - to read standard input",
+            )
     plan = build_plan(args.profile, args.sets, os.environ, None)
     profile = plan.profile
     url = args.url or f"http://127.0.0.1:{profile.deployment.port}"

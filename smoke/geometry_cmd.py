@@ -52,6 +52,8 @@ def _summary(facts: dict) -> str:
     keys = [k for k in facts if k != "services"]
     lines = [f"{k}: {json.dumps(facts[k])}" for k in keys]
     for name, sub in (facts.get("services") or {}).items():
-        lines.append(f"[service {name}] kv_cache_tokens={sub['kv_cache_tokens']} "
-                     f"starts={sub['starts']} startup_failed={sub['startup_failed']}")
+        lines.append(
+            f"[service {name}] kv_cache_tokens={sub['kv_cache_tokens']} "
+            f"starts={sub['starts']} startup_failed={sub['startup_failed']}"
+        )
     return "\n".join(lines)

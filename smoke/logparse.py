@@ -43,8 +43,10 @@ CUDAGRAPH_RESOLVED = re.compile(
 )
 BACKEND_PATTERNS = (
     re.compile(r"^(?P<s>Using backend \S+ for .+?)\.?$"),
-    re.compile(r"^(?P<s>Using (?!backend\b)[^ ][^:]{0,160}? backends?(?: \(in dispatch order\))?"
-               r"(?: for group '[^']*')?)(?: out of potential backends\b.*|\.)?$"),
+    re.compile(
+        r"^(?P<s>Using (?!backend\b)[^ ][^:]{0,160}? backends?(?: \(in dispatch order\))?"
+        r"(?: for group '[^']*')?)(?: out of potential backends\b.*|\.)?$"
+    ),
     re.compile(r"^(?P<s>(?:Using|Selected) \w+Kernel for \w+)\.?$"),
 )
 BLOCK_SIZE = (
@@ -54,7 +56,9 @@ BLOCK_SIZE = (
 SPEC = re.compile(r"SpecDecoding metrics: Mean acceptance length: (?P<mal>[\d.]+)")
 SPEC_COUNTS = re.compile(r"Accepted: (?P<acc>\d+) tokens, Drafted: (?P<draft>\d+) tokens")
 FAILED = re.compile(r"EngineCore failed to start|Engine core initialization failed")
-EXCEPTION = re.compile(r"^(?P<s>(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Interrupt)(?:: .*)?)$")
+EXCEPTION = re.compile(
+    r"^(?P<s>(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Interrupt)(?:: .*)?)$"
+)
 EXITED = re.compile(r"^(?P<service>[\w.\-]+) exited with code (?P<code>\d+)")
 
 
@@ -101,11 +105,13 @@ class ServiceState:
     def _archive(self) -> None:
         c = self.current
         if c.failed:
-            self.failed_starts.append({
-                "start": self.starts,
-                "available_kv_cache_gib": c.available_kv_cache_gib,
-                "errors": list(c.errors),
-            })
+            self.failed_starts.append(
+                {
+                    "start": self.starts,
+                    "available_kv_cache_gib": c.available_kv_cache_gib,
+                    "errors": list(c.errors),
+                }
+            )
 
     def facts(self) -> dict[str, Any]:
         c = self.current
@@ -127,8 +133,17 @@ class ServiceState:
             "errors": list(self.errors),
             "failed_starts": [
                 *self.failed_starts,
-                *([{"start": self.starts, "available_kv_cache_gib": c.available_kv_cache_gib,
-                    "errors": list(c.errors)}] if c.failed else []),
+                *(
+                    [
+                        {
+                            "start": self.starts,
+                            "available_kv_cache_gib": c.available_kv_cache_gib,
+                            "errors": list(c.errors),
+                        }
+                    ]
+                    if c.failed
+                    else []
+                ),
             ],
         }
 
@@ -206,7 +221,7 @@ class LogParser:
         if line not in state.errors:
             state.errors.append(line)
 
-    def _vllm_message(self, state: ServiceState, msg: str) -> None:  # noqa: C901
+    def _vllm_message(self, state: ServiceState, msg: str) -> None:
         c = state.current
         if m := BANNER.search(msg):
             if state.starts == 0:
@@ -224,7 +239,10 @@ class LogParser:
             c.graph_captures.append({"secs": int(m.group("secs")), "gib": float(m.group("gib"))})
         if msg.startswith("Profiling CUDA graph memory:") and c.graph_profile is None:
             c.graph_profile = {
-                g.group("mode"): {"count": int(g.group("count")), "largest": int(g.group("largest"))}
+                g.group("mode"): {
+                    "count": int(g.group("count")),
+                    "largest": int(g.group("largest")),
+                }
                 for g in GRAPH_PROFILE.finditer(msg)
             }
         if m := CUDAGRAPH_RESOLVED.search(msg):

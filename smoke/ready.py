@@ -79,7 +79,9 @@ def wait_ready(
             return Check("ready: server up", expected, f"{why} after {elapsed:.0f} s", False)
         if elapsed - last_report >= report_every:
             last_line = tail.parser.last_line(service) or "(no log)"
-            progress(f"waiting for {server.base_url}: {elapsed:.0f}s elapsed, {why}; "
-                     f"last log line: {last_line[:160]}")
+            progress(
+                f"waiting for {server.base_url}: {elapsed:.0f}s elapsed, {why}; "
+                f"last log line: {last_line[:160]}"
+            )
             last_report = elapsed
         time.sleep(min(poll_every, max(0.0, timeout - elapsed)))

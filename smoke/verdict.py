@@ -32,23 +32,38 @@ def geometry_checks(profile: Profile, facts: dict[str, Any]) -> list[Check]:
     """The log facts against the profile's expectations, one check per expectation."""
     e = profile.expect
     checks = [
-        _check("log: last start succeeded", "no startup failure",
-               "; ".join(facts["errors"][-1:]) or ("failed" if facts["last_start_failed"] else
-                                                   "started"),
-               facts["starts"] > 0 and not facts["last_start_failed"]),
+        _check(
+            "log: last start succeeded",
+            "no startup failure",
+            "; ".join(facts["errors"][-1:])
+            or ("failed" if facts["last_start_failed"] else "started"),
+            facts["starts"] > 0 and not facts["last_start_failed"],
+        ),
     ]
     tokens = facts.get("kv_cache_tokens")
     if e.kv_cache_tokens is not None:
-        checks.append(_check("log: KV cache tokens", e.kv_cache_tokens, tokens,
-                             tokens == e.kv_cache_tokens))
+        checks.append(
+            _check("log: KV cache tokens", e.kv_cache_tokens, tokens, tokens == e.kv_cache_tokens)
+        )
     if e.kv_cache_tokens_min is not None:
-        checks.append(_check("log: KV cache tokens (floor)", f">= {e.kv_cache_tokens_min}", tokens,
-                             tokens is not None and tokens >= e.kv_cache_tokens_min))
+        checks.append(
+            _check(
+                "log: KV cache tokens (floor)",
+                f">= {e.kv_cache_tokens_min}",
+                tokens,
+                tokens is not None and tokens >= e.kv_cache_tokens_min,
+            )
+        )
     if e.max_concurrency_min is not None:
         x = facts.get("max_concurrency")
-        checks.append(_check("log: max concurrency (floor)", f">= {e.max_concurrency_min}x",
-                             None if x is None else f"{x}x",
-                             x is not None and x >= e.max_concurrency_min))
+        checks.append(
+            _check(
+                "log: max concurrency (floor)",
+                f">= {e.max_concurrency_min}x",
+                None if x is None else f"{x}x",
+                x is not None and x >= e.max_concurrency_min,
+            )
+        )
     geometry = facts.get("kv_geometry") or {}
     for name, want, got in (
         ("log: KV blocks", e.kv_blocks, geometry.get("num_blocks")),
@@ -61,22 +76,34 @@ def geometry_checks(profile: Profile, facts: dict[str, Any]) -> list[Check]:
             checks.append(_check(name, want, got, got_cmp == want))
     if e.cudagraph_mode is not None:
         seen = facts.get("cudagraph_mode_resolved")
-        checks.append(_check("log: CUDA graph mode", e.cudagraph_mode, seen,
-                             seen == e.cudagraph_mode))
+        checks.append(
+            _check("log: CUDA graph mode", e.cudagraph_mode, seen, seen == e.cudagraph_mode)
+        )
     if e.decode_graph_max_batch is not None:
         spec = profile.engine.speculative_config
         per_seq = 1 + (spec.num_speculative_tokens if spec else 0)
         full = (facts.get("graph_profile") or {}).get("FULL")
         seen_batch = None if full is None else full["largest"] // per_seq
-        checks.append(_check("log: decode graphs through concurrency",
-                             f">= {e.decode_graph_max_batch}",
-                             None if full is None else
-                             f"{seen_batch} (largest FULL graph {full['largest']} tokens)",
-                             seen_batch is not None and seen_batch >= e.decode_graph_max_batch))
+        checks.append(
+            _check(
+                "log: decode graphs through concurrency",
+                f">= {e.decode_graph_max_batch}",
+                None
+                if full is None
+                else f"{seen_batch} (largest FULL graph {full['largest']} tokens)",
+                seen_batch is not None and seen_batch >= e.decode_graph_max_batch,
+            )
+        )
     for want in e.backends:
         hits = [b for b in facts.get("backends", []) if want in b]
-        checks.append(_check(f"log: backend {want}", f"a backend line naming {want}",
-                             hits[0] if hits else None, bool(hits)))
+        checks.append(
+            _check(
+                f"log: backend {want}",
+                f"a backend line naming {want}",
+                hits[0] if hits else None,
+                bool(hits),
+            )
+        )
     return checks
 
 
@@ -88,9 +115,7 @@ def format_table(checks: Sequence[Check]) -> str:
     rows = [("check", "expected", "seen", "result")]
     rows += [(c.name, c.expected, _cut(c.seen), "pass" if c.ok else "FAIL") for c in checks]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = [
-        f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}" for r in rows
-    ]
+    lines = [f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}" for r in rows]
     passed = sum(c.ok for c in checks)
     lines.append(f"{passed} passed, {len(checks) - passed} failed")
     return "\n".join(lines)

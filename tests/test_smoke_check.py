@@ -1,0 +1,252 @@
+"""`python -m smoke check` against a real HTTP stand-in on 127.0.0.1, healthy and faulty.
+
+Every fault must fail the right named check, in bounded time, with no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from smoke.__main__ import main
+from tests.conftest import FIXTURE_LOGS, REPO
+from tests.standin import StandIn
+
+QWEN = FIXTURE_LOGS / "qwen35-4b-9b-compose-v0.16.1-negative-kv-engine-failed-restart.log"
+
+
+def run_check(capsys, url: str, *extra: str) -> tuple[int, dict]:
+    code = main(
+        [
+            "check",
+            "--profile",
+            "mtp3-tp4-split",
+            "--url",
+            url,
+            "--no-log",
+            "--timeout",
+            "10",
+            "--request-timeout",
+            "2",
+            "--json",
+            *extra,
+        ]
+    )
+    out = capsys.readouterr().out
+    return code, json.loads(out)
+
+
+def failed(verdict: dict) -> list[str]:
+    return [c["name"] for c in verdict["checks"] if not c["ok"]]
+
+
+def test_healthy_standin_passes_every_check(capsys):
+    with StandIn() as server:
+        code, verdict = run_check(capsys, server.url)
+    assert code == 0, verdict
+    assert [c["name"] for c in verdict["checks"]] == [
+        "ready: server up",
+        "api: served model id",
+        "api: chat answers READY",
+        "api: streaming SSE",
+        "api: max_tokens honoured",
+        "api: usage counts consistent",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("fault", "expected_failures"),
+    [
+        (
+            "http500",
+            [
+                "api: chat answers READY",
+                "api: streaming SSE",
+                "api: max_tokens honoured",
+                "api: usage counts consistent",
+            ],
+        ),
+        (
+            "hang",
+            [
+                "api: chat answers READY",
+                "api: streaming SSE",
+                "api: max_tokens honoured",
+                "api: usage counts consistent",
+            ],
+        ),
+        ("cut_stream", ["api: streaming SSE"]),
+        (
+            "malformed",
+            [
+                "api: chat answers READY",
+                "api: streaming SSE",
+                "api: max_tokens honoured",
+                "api: usage counts consistent",
+            ],
+        ),
+        ("wrong_model", ["api: served model id"]),
+        ("empty", ["api: chat answers READY", "api: usage counts consistent"]),
+        ("no_length", ["api: max_tokens honoured"]),
+    ],
+)
+def test_each_fault_fails_its_named_check(capsys, fault, expected_failures):
+    start = time.monotonic()
+    with StandIn(fault) as server:
+        code, verdict = run_check(capsys, server.url)
+    assert code == 1
+    assert failed(verdict) == expected_failures
+    assert time.monotonic() - start < 30
+
+
+def test_fault_messages_say_what_was_seen(capsys):
+    with StandIn("cut_stream") as server:
+        _, verdict = run_check(capsys, server.url)
+    stream = next(c for c in verdict["checks"] if c["name"] == "api: streaming SSE")
+    assert stream["seen"] == "stream ended without [DONE] after 3 content chunks"
+    with StandIn("hang") as server:
+        _, verdict = run_check(capsys, server.url)
+    ready = next(c for c in verdict["checks"] if c["name"] == "api: chat answers READY")
+    assert ready["seen"] == "timed out"
+
+
+def test_server_that_comes_up_late_passes_after_waiting(capsys):
+    with StandIn("late", late_seconds=3) as server:
+        start = time.monotonic()
+        code, verdict = run_check(capsys, server.url)
+    assert code == 0, verdict
+    assert time.monotonic() - start >= 3
+    assert verdict["checks"][0]["seen"].startswith("ready after")
+
+
+def test_server_never_up_fails_readiness_in_bounded_time(capsys):
+    with StandIn("late", late_seconds=60) as server:
+        start = time.monotonic()
+        code = main(
+            [
+                "check",
+                "--profile",
+                "mtp3-tp4-split",
+                "--url",
+                server.url,
+                "--no-log",
+                "--timeout",
+                "3",
+                "--json",
+            ]
+        )
+        verdict = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert verdict["checks"][0]["seen"].startswith("/health HTTP 503 after")
+    assert time.monotonic() - start < 10
+
+
+def test_engine_failure_in_log_ends_the_wait_with_root_cause(tmp_path, capsys):
+    """The qwen3.5-4b first boot, cut where the engine failed, as a log still being written."""
+    lines = QWEN.read_text(encoding="utf-8").splitlines(keepends=True)
+    crash = next(i for i, line in enumerate(lines) if "exited with code 1" in line)
+    log = tmp_path / "server.log"
+    log.write_text("".join(lines[:crash]), encoding="utf-8")
+    with StandIn("late", late_seconds=60) as server:
+        start = time.monotonic()
+        code = main(
+            [
+                "check",
+                "--profile",
+                "mtp3-tp4-split",
+                "--url",
+                server.url,
+                "--log",
+                str(log),
+                "--service",
+                "qwen3.5-4b",
+                "--timeout",
+                "30",
+                "--json",
+            ]
+        )
+        verdict = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert time.monotonic() - start < 10
+    assert verdict["checks"][0]["seen"] == (
+        "engine failed to start: RuntimeError: Engine core initialization failed. "
+        "See root cause above. Failed core proc(s): {}"
+    )
+
+
+def test_waiting_prints_elapsed_time_and_last_log_line(tmp_path, capsys):
+    log = tmp_path / "server.log"
+    log.write_text("(APIServer pid=1) INFO 05-15 04:23:11 [utils.py:240] loading weights\n")
+    from smoke.api import Server
+    from smoke.logparse import LogParser
+    from smoke.ready import LogTail, wait_ready
+
+    seen: list[str] = []
+    with StandIn("late", late_seconds=2.5) as server:
+        check = wait_ready(
+            Server(server.url, "m"),
+            10,
+            LogTail(log, LogParser()),
+            seen.append,
+            poll_every=0.2,
+            report_every=1.0,
+        )
+    assert check.ok
+    assert seen and "s elapsed" in seen[0]
+    assert seen[0].endswith("last log line: INFO 05-15 04:23:11 [utils.py:240] loading weights")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["check", "--url", "http://127.0.0.1:9", "--no-log"],
+        ["check", "--profile", "mtp3-tp4-split", "--url", "http://127.0.0.1:9"],
+        ["check", "--profile", "mtp3-tp4-split", "--log", "/nonexistent/server.log"],
+        ["check", "--profile", "nope", "--no-log"],
+        ["geometry", "--log", "/nonexistent/server.log"],
+    ],
+)
+def test_bad_usage_exits_2(argv, capsys, monkeypatch):
+    monkeypatch.delenv("PROFILE", raising=False)
+    assert main(argv) == 2
+    assert capsys.readouterr().err.startswith("error: ")
+
+
+def _make_smoke(url: str, *args: str) -> subprocess.CompletedProcess:
+    """`make smoke` with the test environment standing in for the kit's own small venv."""
+    stamp = REPO / ".venv" / ".kit-env-for-tests"
+    stamp.touch()
+    return subprocess.run(
+        [
+            "make",
+            "-s",
+            "smoke",
+            "PROFILE=mtp3-tp4-split",
+            f"URL={url}",
+            "KIT_VENV=.venv",
+            f"KIT_STAMP={stamp}",
+            "SMOKE_ARGS=--no-log --timeout 10 --request-timeout 2",
+            *args,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def test_make_smoke_passes_on_healthy_standin_and_names_the_failed_check():
+    with StandIn() as server:
+        healthy = _make_smoke(server.url)
+    assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+    assert healthy.stdout.strip().endswith("6 passed, 0 failed")
+    with StandIn("wrong_model") as server:
+        faulty = _make_smoke(server.url)
+    assert faulty.returncode != 0
+    failed_rows = [line for line in faulty.stdout.splitlines() if line.endswith("FAIL")]
+    assert len(failed_rows) == 1 and failed_rows[0].startswith("api: served model id")
