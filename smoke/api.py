@@ -64,10 +64,16 @@ def _json(response: requests.Response) -> dict[str, Any]:
     return data
 
 
-def _chat(server: Server, payload: dict[str, Any]) -> dict[str, Any]:
+def _ask(server: Server, prompt: str, max_tokens: int) -> dict[str, Any]:
+    """One greedy, non-streaming chat completion."""
     response = requests.post(
         server.url("/v1/chat/completions"),
-        json={"model": server.model_id, **payload},
+        json={
+            "model": server.model_id,
+            "messages": [{"role": "user", "content": prompt}],
+            "temperature": 0,
+            "max_tokens": max_tokens,
+        },
         headers=server.headers(),
         timeout=(5, server.timeout),
     )
@@ -109,14 +115,7 @@ def check_model_id(server: Server) -> Check:
 
 def check_ready_answer(server: Server) -> Check:
     def body() -> str:
-        data = _chat(
-            server,
-            {
-                "messages": [{"role": "user", "content": READY_PROMPT}],
-                "temperature": 0,
-                "max_tokens": 16,
-            },
-        )
+        data = _ask(server, READY_PROMPT, 16)
         content = (_choice(data).get("message") or {}).get("content")
         if not isinstance(content, str) or content.strip() != "READY":
             raise CheckFailed(f"answer {content!r}")
@@ -127,14 +126,7 @@ def check_ready_answer(server: Server) -> Check:
 
 def check_usage(server: Server) -> Check:
     def body() -> str:
-        data = _chat(
-            server,
-            {
-                "messages": [{"role": "user", "content": READY_PROMPT}],
-                "temperature": 0,
-                "max_tokens": 16,
-            },
-        )
+        data = _ask(server, READY_PROMPT, 16)
         content = (_choice(data).get("message") or {}).get("content") or ""
         p, c, t = _usage(data)
         if p <= 0 or t != p + c:
@@ -150,14 +142,7 @@ def check_usage(server: Server) -> Check:
 
 def check_length_limit(server: Server) -> Check:
     def body() -> str:
-        data = _chat(
-            server,
-            {
-                "messages": [{"role": "user", "content": LENGTH_PROMPT}],
-                "temperature": 0,
-                "max_tokens": LENGTH_LIMIT,
-            },
-        )
+        data = _ask(server, LENGTH_PROMPT, LENGTH_LIMIT)
         reason = _choice(data).get("finish_reason")
         _, completion, _ = _usage(data)
         if reason != "length" or completion != LENGTH_LIMIT:

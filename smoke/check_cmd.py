@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from launch.commands.common import build_plan
+from launch.commands.common import add_set_argument, build_plan
 from launch.errors import ProfileError
 from smoke.api import Server, run_api_checks
 from smoke.logparse import LogParser
@@ -27,14 +27,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         default=os.environ.get("PROFILE"),
         help="profile the server was started with (default $PROFILE)",
     )
-    parser.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="the same overrides the server was started with",
-    )
+    add_set_argument(parser)
     parser.add_argument("--url", help="server base URL (default http://127.0.0.1:<profile port>)")
     parser.add_argument("--log", help="server log file, or - for standard input")
     parser.add_argument(

@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from launch.commands.common import build_plan
+from launch.commands.common import add_set_argument, build_plan
 from launch.errors import ProfileError
 from smoke.logparse import LogParser
 from smoke.verdict import exit_status, format_table, geometry_checks, to_json
@@ -20,7 +20,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser = subparsers.add_parser(NAME, help="parse a vLLM server log into facts")
     parser.add_argument("--log", required=True, help="log file, or - for standard input")
     parser.add_argument("--profile", help="also compare the facts with this profile's expect")
-    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    add_set_argument(parser)
     parser.add_argument("--service", help="compose service to report from a multi-service log")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     return parser

@@ -22,6 +22,18 @@ def add_profile_arguments(
         help="profile name (see `python -m launch list`)"
         + ("; defaults to $PROFILE" if profile_optional else ""),
     )
+    add_set_argument(parser)
+    parser.add_argument(
+        "--vllm-root",
+        default=None,
+        help="vLLM package directory to check capabilities against; `run` defaults to the "
+        "importable vLLM, `render` checks only when this is given (the host's vLLM is not the "
+        "image's)",
+    )
+
+
+def add_set_argument(parser: argparse.ArgumentParser) -> None:
+    """`--set KEY=VALUE`, shared by every command that loads a profile."""
     parser.add_argument(
         "--set",
         dest="sets",
@@ -30,13 +42,6 @@ def add_profile_arguments(
         metavar="KEY=VALUE",
         help="override a setting by variable name (MAX_NUM_SEQS=16) or path "
         "(engine.max_num_seqs=16); repeatable",
-    )
-    parser.add_argument(
-        "--vllm-root",
-        default=None,
-        help="vLLM package directory to check capabilities against; `run` defaults to the "
-        "importable vLLM, `render` checks only when this is given (the host's vLLM is not the "
-        "image's)",
     )
 
 
