@@ -10,8 +10,10 @@ KIT_VENV := .venv-kit
 KIT_PY := $(KIT_VENV)/bin/python
 KIT_STAMP := $(KIT_VENV)/.kit-env
 CPU_ENV := VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1
+PRISTINE_VLLM = $(shell $(TEST_PY) -c 'import importlib.util as u; print(u.find_spec("vllm").submodule_search_locations[0])')
+PATCHED := $(TEST_VENV)/vllm-patched
 
-.PHONY: help test lint plan up smoke
+.PHONY: help test lint plan up smoke patched-vllm patches-report
 
 help:
 	@echo "make test                 build the CPU test environment and run every test"
@@ -36,8 +38,20 @@ $(KIT_STAMP): pyproject.toml
 lint: $(TEST_STAMP)
 	$(TEST_PY) -m ruff check launch smoke tests
 
-test: lint
+# The kit's tests (pristine vLLM where vLLM is used), then the patched planner's invariants,
+# then vLLM's own planner tests unpatched and patched (one process cannot import two vLLMs).
+test: lint patched-vllm
 	$(CPU_ENV) $(TEST_PY) -m pytest
+	$(CPU_ENV) KIT_PATCHED_VLLM=1 PYTHONPATH=$(PATCHED) $(TEST_PY) -m pytest tests/planner
+	$(CPU_ENV) $(TEST_PY) tests/upstream/run_upstream.py --patched $(PATCHED) --work $(TEST_VENV)/vllm-upstream
+
+# A copy of the pristine installed vLLM with patches/vllm applied (the series fails loudly).
+patched-vllm: $(TEST_STAMP)
+	$(TEST_PY) patches/apply_series.py --copy-from $(PRISTINE_VLLM) --dest $(PATCHED)
+
+# Planner-level evidence: tokens and blocks before and after each patch, seed-shaped specs.
+patches-report: patched-vllm
+	$(CPU_ENV) PYTHONPATH=$(PATCHED) $(TEST_PY) -m tests.planner.capacity_report
 
 plan: $(KIT_STAMP)
 	@test -n "$(PROFILE)" || { echo "usage: make plan PROFILE=<name>; profiles:"; $(KIT_PY) -m launch list; exit 2; }

@@ -59,7 +59,49 @@ FAILED = re.compile(r"EngineCore failed to start|Engine core initialization fail
 EXCEPTION = re.compile(
     r"^(?P<s>(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Interrupt)(?:: .*)?)$"
 )
+GEOMETRY = re.compile(
+    r"KV cache geometry: stride_bytes=(?P<stride>\d+) num_blocks=(?P<blocks>\d+) "
+    r"tokens=(?P<tokens>\d+|unknown)(?P<groups>(?: group=\S+)*)"
+)
+GEOMETRY_GROUP = re.compile(
+    r"group=(?P<role>\w+)/(?P<kind>\w+)/block=(?P<block>\d+)/cp=(?P<cp>\d+)"
+    r"/layers=(?P<layers>\d+)/page_bytes=(?P<page>\d+)"
+)
 EXITED = re.compile(r"^(?P<service>[\w.\-]+) exited with code (?P<code>\d+)")
+
+
+def _by_role(groups: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """role -> value when all groups of the role agree, else the sorted distinct values."""
+    out: dict[str, Any] = {}
+    for role in sorted({g["role"] for g in groups}):
+        values = sorted({g[key] for g in groups if g["role"] == role})
+        out[role] = values[0] if len(values) == 1 else values
+    return out
+
+
+def parse_geometry(match: re.Match[str]) -> dict[str, Any]:
+    """The kit's `KV cache geometry:` line (patches/vllm 0003) as facts."""
+    groups = [
+        {
+            "role": g.group("role"),
+            "kind": g.group("kind"),
+            "block_size": int(g.group("block")),
+            "cp_size": int(g.group("cp")),
+            "layers": int(g.group("layers")),
+            "page_bytes": int(g.group("page")),
+        }
+        for g in GEOMETRY_GROUP.finditer(match.group("groups"))
+    ]
+    tokens = match.group("tokens")
+    return {
+        "stride_bytes": int(match.group("stride")),
+        "num_blocks": int(match.group("blocks")),
+        "tokens": None if tokens == "unknown" else int(tokens),
+        "groups": groups,
+        "block_sizes": _by_role(groups, "block_size"),
+        "page_bytes": _by_role(groups, "page_bytes"),
+        "cp_sizes": [g["cp_size"] for g in groups],
+    }
 
 
 def _int(text: str) -> int:
@@ -81,6 +123,7 @@ class StartFacts:
     backends: list[str] = field(default_factory=list)
     block_size_changes: list[dict[str, Any]] = field(default_factory=list)
     spec_decode: dict[str, Any] | None = None
+    kv_geometry: dict[str, Any] | None = None
     failed: bool = False
     errors: list[str] = field(default_factory=list)
 
@@ -127,6 +170,7 @@ class ServiceState:
             "backends": list(c.backends),
             "block_size_changes": [dict(b) for b in c.block_size_changes],
             "spec_decode": c.spec_decode,
+            "kv_geometry": c.kv_geometry,
             "starts": self.starts,
             "startup_failed": self.any_failed,
             "last_start_failed": c.failed,
@@ -262,6 +306,8 @@ class LogParser:
                 "accepted_tokens": int(counts.group("acc")) if counts else None,
                 "drafted_tokens": int(counts.group("draft")) if counts else None,
             }
+        if m := GEOMETRY.search(msg):
+            c.kv_geometry = parse_geometry(m)
         if FAILED.search(msg):
             self._fail(state)
         elif (exc := EXCEPTION.match(msg)) and not msg.startswith("Traceback"):

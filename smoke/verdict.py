@@ -67,13 +67,12 @@ def geometry_checks(profile: Profile, facts: dict[str, Any]) -> list[Check]:
     geometry = facts.get("kv_geometry") or {}
     for name, want, got in (
         ("log: KV blocks", e.kv_blocks, geometry.get("num_blocks")),
-        ("log: block sizes", e.block_sizes, geometry.get("block_sizes")),
-        ("log: page bytes", e.page_bytes, geometry.get("page_bytes")),
-        ("log: cache-group CP sizes", e.cache_group_cp_sizes, geometry.get("cp_sizes")),
+        ("log: block sizes", e.block_sizes, _roles(geometry.get("block_sizes"), e.block_sizes)),
+        ("log: page bytes", e.page_bytes, _roles(geometry.get("page_bytes"), e.page_bytes)),
+        ("log: cache-group CP sizes", e.cache_group_cp_sizes, _tuple(geometry.get("cp_sizes"))),
     ):
         if want:
-            got_cmp = tuple(got) if isinstance(got, list) else got
-            checks.append(_check(name, want, got, got_cmp == want))
+            checks.append(_check(name, want, got, got == want))
     if e.cudagraph_mode is not None:
         seen = facts.get("cudagraph_mode_resolved")
         checks.append(
@@ -105,6 +104,17 @@ def geometry_checks(profile: Profile, facts: dict[str, Any]) -> list[Check]:
             )
         )
     return checks
+
+
+def _roles(seen: dict[str, Any] | None, want: dict[str, int] | None) -> dict[str, Any] | None:
+    """The roles the profile names, from what the log reports (other roles are not judged)."""
+    if seen is None or not want:
+        return None
+    return {role: seen.get(role) for role in want}
+
+
+def _tuple(seen: list[int] | None) -> tuple[int, ...] | None:
+    return None if seen is None else tuple(seen)
 
 
 def exit_status(checks: Sequence[Check]) -> int:

@@ -1,0 +1,53 @@
+"""Run vLLM's real planner functions on seed-shaped specs, patched or as shipped."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from unittest import mock
+
+import vllm.v1.core.kv_cache_planning as planning
+from vllm.config import VllmConfig
+from vllm.v1.core.kv_cache_utils import get_kv_cache_capacity, resolve_kv_cache_block_sizes
+from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, KVCacheSpec
+
+from tests.planner.seed_shapes import TWELVE_GIB
+
+
+@contextlib.contextmanager
+def pristine_planner() -> Iterator[None]:
+    """vLLM 0.33.0's planner as shipped: the series only inserts these two calls into
+    `get_kv_cache_groups`, so making them the identity restores the pristine path."""
+    with (
+        mock.patch.object(planning, "_align_replicated_window_groups", lambda c, g: g),
+        mock.patch.object(planning, "_align_glm53_index_pages", lambda c, g: g),
+    ):
+        yield
+
+
+@dataclass(frozen=True)
+class Plan:
+    groups: list[KVCacheGroupSpec]
+    config: KVCacheConfig
+    stride: int
+    tokens: int | None
+    scheduler_block: int
+
+    def block_size_of(self, layer: str) -> int:
+        return next(g.kv_cache_spec.block_size for g in self.groups if layer in g.layer_names)
+
+    @property
+    def pool_bytes(self) -> int:
+        return self.stride * self.config.num_blocks
+
+
+def plan(config: VllmConfig, specs: dict[str, KVCacheSpec], memory: int = TWELVE_GIB) -> Plan:
+    groups = planning.get_kv_cache_groups(config, dict(specs))
+    kv_config = planning.get_kv_cache_config_from_groups(config, groups, memory)
+    stride = planning._get_kv_cache_bytes_per_block(
+        groups, config.cache_config.get_resolved_kv_cache_layout()
+    )
+    tokens = get_kv_cache_capacity(config, kv_config)[0] if config.model_config else None
+    scheduler_block, _ = resolve_kv_cache_block_sizes(kv_config, config)
+    return Plan(groups, kv_config, stride, tokens, scheduler_block)

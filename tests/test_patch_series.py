@@ -1,0 +1,72 @@
+"""The patch series applies to pristine vLLM 0.33.0 files and fails loudly on a changed base."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+APPLY = REPO / "patches" / "apply_series.py"
+FILES = ("_version.py", "__init__.py", "v1/core/kv_cache_planning.py", "platforms/interface.py")
+
+
+@pytest.fixture
+def pristine_tree(tmp_path: Path) -> Path:
+    """The files the series touches, copied from the installed vllm 0.33.0 wheel."""
+    from launch.capabilities import find_vllm
+
+    install = find_vllm()
+    assert install is not None and install.version == "0.33.0"
+    root = tmp_path / "vllm"
+    for rel in FILES:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(install.root / rel, root / rel)
+    return root
+
+
+def apply(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(APPLY), *args], capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+
+
+def test_series_applies_in_order_and_leaves_its_markers(pristine_tree):
+    result = apply("--vllm-root", str(pristine_tree))
+    assert result.returncode == 0, result.stderr
+    assert [line.split(":")[0] for line in result.stdout.splitlines()] == [
+        "applied 0001-replicated-draft-page-alignment.patch",
+        "applied 0002-glm53-split-target-recurrent-pages.patch",
+        "applied 0003-kv-cache-geometry-report.patch",
+    ]
+    check = apply("--vllm-root", str(pristine_tree), "--check")
+    assert check.returncode == 0 and check.stdout.count("present ") == 3
+
+
+def test_changed_base_names_the_patch_and_the_expected_version(pristine_tree):
+    planning = pristine_tree / "v1/core/kv_cache_planning.py"
+    text = planning.read_text()
+    marker = "        # Block-outermost blocks are strided by the widest group, so hidden\n"
+    assert marker in text
+    planning.write_text(text.replace(marker, "        # changed upstream\n"))
+    result = apply("--vllm-root", str(pristine_tree))
+    assert result.returncode == 1
+    assert result.stderr.startswith(
+        f"error: 0001-replicated-draft-page-alignment.patch does not apply to the vLLM at "
+        f"{pristine_tree} (found vllm 0.33.0; the series is written against vllm==0.33.0)"
+    )
+    assert "\\n" not in result.stderr.splitlines()[0]
+
+
+def test_check_on_an_unpatched_tree_fails(pristine_tree):
+    result = apply("--vllm-root", str(pristine_tree), "--check")
+    assert result.returncode == 1
+    assert "0001-replicated-draft-page-alignment.patch is not applied" in result.stderr
+
+
+def test_bad_usage_exits_2(tmp_path):
+    assert apply().returncode == 2
+    assert apply("--vllm-root", str(tmp_path)).returncode == 2
