@@ -13,7 +13,7 @@ CPU_ENV := VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1
 PRISTINE_VLLM = $(shell $(TEST_PY) -c 'import importlib.util as u; print(u.find_spec("vllm").submodule_search_locations[0])')
 PATCHED := $(TEST_VENV)/vllm-patched
 
-.PHONY: help test lint plan up smoke patched-vllm patches-report
+.PHONY: help test lint plan up pin build smoke patched-vllm patches-report lock
 
 help:
 	@echo "make test                 build the CPU test environment and run every test"
@@ -36,7 +36,7 @@ $(KIT_STAMP): pyproject.toml
 	touch $@
 
 lint: $(TEST_STAMP)
-	$(TEST_PY) -m ruff check launch smoke tests
+	$(TEST_PY) -m ruff check launch smoke tests patches docker
 
 # The kit's tests (pristine vLLM where vLLM is used), then the patched planner's invariants,
 # then vLLM's own planner tests unpatched and patched (one process cannot import two vLLMs).
@@ -57,10 +57,27 @@ plan: $(KIT_STAMP)
 	@test -n "$(PROFILE)" || { echo "usage: make plan PROFILE=<name>; profiles:"; $(KIT_PY) -m launch list; exit 2; }
 	$(KIT_PY) -m launch render $(PROFILE)
 
-up: plan
-	@echo "make up: the compose start lands with the image issue; the command above is what the container runs."
+up: $(KIT_STAMP)
+	@test -n "$(PROFILE)" || { echo "usage: make up PROFILE=<name>"; exit 2; }
+	$(KIT_PY) -m launch render $(PROFILE)
+	$(KIT_PY) -m launch up $(PROFILE)
+
+# Build and tag the image from pinned inputs (needs a Docker engine and BASE_IMAGE in the lock).
+build: $(KIT_STAMP)
+	$(KIT_PY) docker/build.py $(if $(TAG),--tag $(TAG))
+
+# Resolve a tag to its digest through the registry API and write it into compose/images.lock.
+SOURCE ?= kit
+pin: $(KIT_STAMP)
+	@test -n "$(IMAGE)" || { echo "usage: make pin IMAGE=repo:tag [SOURCE=kit|qualified|base]"; exit 2; }
+	$(KIT_PY) -m launch pin $(IMAGE) --source $(SOURCE)
 
 SMOKE_ARGS ?=
 smoke: $(KIT_STAMP)
 	@test -n "$(PROFILE)" || { echo "usage: make smoke PROFILE=<name> [LOG=server.log] [URL=http://127.0.0.1:8000]"; exit 2; }
 	$(KIT_PY) -m smoke check --profile $(PROFILE) $(if $(URL),--url $(URL)) --log $(or $(LOG),-) $(SMOKE_ARGS)
+
+# docker/requirements.lock: every Python package of the image, hash-locked (pip --require-hashes).
+lock: $(TEST_STAMP)
+	$(TEST_VENV)/bin/uv pip compile docker/requirements.in --generate-hashes --python-version 3.12 \
+		--python-platform x86_64-manylinux_2_28 --no-header --output-file docker/requirements.lock

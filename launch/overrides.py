@@ -45,6 +45,8 @@ ENV_OVERRIDES: dict[str, str] = {
     "VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE": "features.split_pages.target_block_size",
     "VLLM_GLM53_SPLIT_MAMBA_BLOCK_SIZE": "features.split_pages.mamba_block_size",
     "GPU_DEVICES": "deployment.gpu_devices",
+    "GPUS_FROM_RUNTIME": "deployment.gpus_from_runtime",
+    "IMAGE_SOURCE": "deployment.image",
     "HOST": "deployment.host",
     "PORT": "deployment.port",
     "ALLOW_FLOATING_REVISION": "deployment.allow_floating_revision",

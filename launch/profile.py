@@ -93,8 +93,14 @@ class Deployment:
     """Where and how the server runs; nothing here changes what the model computes."""
 
     gpu_devices: tuple[int, ...] = (0, 1, 2, 3)
+    gpus_from_runtime: bool = False
+    """The container runtime already selected the GPUs (compose `device_ids`): inside the
+    container they are renumbered from 0, so CUDA_VISIBLE_DEVICES is left alone."""
     host: str = "0.0.0.0"
     port: int = 8000
+    image: str = "kit"
+    """Image source in compose/images.lock: `kit` (this kit's image) or `qualified` (the seed's
+    qualified runtime)."""
     allow_floating_revision: bool = False
     fallbacks: tuple[str, ...] = ()
 

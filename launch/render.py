@@ -101,7 +101,9 @@ def render(loaded: Loaded, resolution: Resolution) -> Plan:
         *engine_argv(p.engine),
         *(flag("host"), p.deployment.host, flag("port"), str(p.deployment.port)),
     ]
-    env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, p.deployment.gpu_devices))}
+    env = {}
+    if not p.deployment.gpus_from_runtime:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, p.deployment.gpu_devices))
     env.update(feature_env(p.features))
     return Plan(p, tuple(argv), env, tuple(deviations), resolution.checked_against)
 

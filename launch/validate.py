@@ -11,6 +11,7 @@ import re
 from collections.abc import Callable
 
 from launch.errors import ProfileError
+from launch.image_lock import SOURCES as IMAGE_SOURCES
 from launch.profile import GLM53_ARCHITECTURE, Profile
 from launch.vllm_vocab import (
     CUDAGRAPH_MODES,
@@ -313,6 +314,16 @@ def check_port(p: Profile) -> None:
         raise ProfileError("deployment.port", port, "must be in 1..65535", "e.g. PORT=8000")
 
 
+def check_image_source(p: Profile) -> None:
+    if p.deployment.image not in IMAGE_SOURCES:
+        raise ProfileError(
+            "deployment.image",
+            p.deployment.image,
+            "is not an image source",
+            f"use one of {', '.join(IMAGE_SOURCES)}",
+        )
+
+
 RULES: tuple[Rule, ...] = (
     check_parallel_sizes,
     check_gpus,
@@ -325,6 +336,7 @@ RULES: tuple[Rule, ...] = (
     check_split_pages,
     check_revisions,
     check_port,
+    check_image_source,
 )
 
 

@@ -6,6 +6,7 @@ package). Standard library only, plus GNU `patch`.
     python patches/apply_series.py --vllm-root DIR          # patch DIR in place
     python patches/apply_series.py --copy-from DIR --dest D # copy DIR to D/vllm, patch the copy
     python patches/apply_series.py --vllm-root DIR --check  # verify every patch marker is present
+    python patches/apply_series.py --installed [--check]    # the vllm this Python would import
 
 Every patch is checked with `patch --dry-run --fuzz=0` before it is applied, so a changed base
 stops the series at the first patch that does not apply, with the expected vLLM version.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -134,8 +136,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vllm-root", type=Path, help="vllm package directory to patch or check")
     parser.add_argument("--copy-from", type=Path, help="pristine vllm package directory to copy")
     parser.add_argument("--dest", type=Path, help="with --copy-from: directory to hold the copy")
+    parser.add_argument(
+        "--installed",
+        action="store_true",
+        help="use the vllm package this Python would import (found, not imported)",
+    )
     parser.add_argument("--check", action="store_true", help="only verify the markers")
     args = parser.parse_args(argv)
+    if args.installed:
+        if args.vllm_root or args.copy_from:
+            print("error: --installed replaces --vllm-root and --copy-from", file=sys.stderr)
+            return 2
+        spec = importlib.util.find_spec("vllm")
+        if spec is None or not spec.submodule_search_locations:
+            print("error: no vllm package is installed for this Python", file=sys.stderr)
+            return 2
+        args.vllm_root = Path(next(iter(spec.submodule_search_locations)))
     if bool(args.copy_from) != bool(args.dest) or bool(args.copy_from) == bool(args.vllm_root):
         print("error: give --vllm-root DIR, or --copy-from DIR with --dest DIR", file=sys.stderr)
         return 2

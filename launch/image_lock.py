@@ -1,0 +1,71 @@
+"""The image lock compose reads: which image each profile runs, always by digest.
+
+`compose/images.lock` is an env file (compose reads it with `--env-file`) holding one digest
+reference per image source: `KIT_IMAGE` (this kit's image, empty until `make pin`) and
+`QUALIFIED_IMAGE` (the seed's qualified runtime). A profile names its source in
+`deployment.image`. A tag is never accepted where a digest is required: tags move.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from launch.errors import ProfileError
+
+LOCK_PATH = Path(__file__).resolve().parent.parent / "compose" / "images.lock"
+SOURCES = {"kit": "KIT_IMAGE", "qualified": "QUALIFIED_IMAGE"}
+"""Image sources a profile can run (`deployment.image`) -> lock key."""
+PIN_KEYS = {**SOURCES, "base": "BASE_IMAGE"}
+"""Everything `make pin` can write: the profile images and the build's CUDA base image."""
+DIGEST_REF = re.compile(
+    r"^(?P<name>[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*)"
+    r"@(?P<digest>sha256:[0-9a-f]{64})$"
+)
+_LINE = re.compile(r"^(?P<key>[A-Z_][A-Z0-9_]*)=(?P<value>.*)$")
+
+
+def is_digest_ref(ref: str) -> bool:
+    return DIGEST_REF.match(ref) is not None
+
+
+def read_lock(path: Path = LOCK_PATH) -> dict[str, str]:
+    values: dict[str, str] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        match = _LINE.match(line.strip())
+        if match:
+            values[match.group("key")] = match.group("value")
+    return values
+
+
+def write_lock(updates: Mapping[str, str], path: Path = LOCK_PATH) -> None:
+    """Set keys in the lock, keeping its comments and order."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    pending = dict(updates)
+    for i, line in enumerate(lines):
+        match = _LINE.match(line.strip())
+        if match and match.group("key") in pending:
+            key = match.group("key")
+            lines[i] = f"{key}={pending.pop(key)}"
+    lines += [f"{key}={value}" for key, value in pending.items()]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def resolve_image(source: str, environ: Mapping[str, str], path: Path = LOCK_PATH) -> str:
+    """The digest reference for `source`: `IMAGE` from the environment (profile images only),
+    else the lock's entry."""
+    key = PIN_KEYS[source]
+    override = environ.get("IMAGE") if source in SOURCES else None
+    ref = override if override else read_lock(path).get(key, "")
+    field, fix = (
+        ("IMAGE", "set IMAGE=repo@sha256:<digest>, or unset it to use the lock")
+        if override
+        else (key, f"run `make pin IMAGE=repo:tag SOURCE={source}` to write the digest into "
+              f"{path.name}")
+    )  # fmt: skip
+    if not ref:
+        raise ProfileError(field, ref, "has no image digest", fix)
+    if not is_digest_ref(ref):
+        raise ProfileError(field, ref, "is not a digest reference (tags move)", fix)
+    return ref

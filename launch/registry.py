@@ -1,0 +1,123 @@
+"""Resolve an image tag to its manifest digest through the registry's HTTP API (v2).
+
+The Accept header lists the OCI and Docker v2 index and manifest media types: without them a
+registry may answer 404 or return a different (converted) manifest and digest. The digest is the
+registry's `Docker-Content-Digest`, checked against the SHA-256 of the body it sent. Anonymous
+bearer tokens (Docker Hub and most public registries) are fetched when the registry asks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+import requests
+
+from launch.errors import ProfileError
+
+MANIFEST_TYPES = (
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+)
+DOCKER_HUB = "registry-1.docker.io"
+_BEARER = re.compile(r'(\w+)="([^"]*)"')
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    registry: str
+    repository: str
+    tag: str
+
+    @property
+    def name(self) -> str:
+        """The reference's name as a user writes it (`repo` or `host:port/repo`)."""
+        if self.registry == DOCKER_HUB:
+            return self.repository.removeprefix("library/")
+        return f"{self.registry}/{self.repository}"
+
+    def pinned(self, digest: str) -> str:
+        return f"{self.name}@{digest}"
+
+
+def parse_ref(ref: str) -> ImageRef:
+    """`[registry[:port]/]repository:tag` -> parts (Docker Hub when no registry is named)."""
+    if "@" in ref:
+        raise ProfileError("IMAGE", ref, "is already a digest reference", "pass repo:tag to pin")
+    name, sep, tag = ref.rpartition(":")
+    if not sep or "/" in tag or not name:
+        raise ProfileError("IMAGE", ref, "has no tag", "pass repo:tag, e.g. kit/glm53:2026-11-29")
+    first, slash, rest = name.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost"):
+        registry, repository = first, rest
+    else:
+        registry, repository = DOCKER_HUB, name if slash else f"library/{name}"
+    return ImageRef(registry, repository, tag)
+
+
+def _scheme(registry: str) -> str:
+    host = registry.split(":")[0]
+    return "http" if host in ("localhost", "127.0.0.1", "::1") else "https"
+
+
+def _token(challenge: str, ref: ImageRef, timeout: float) -> str:
+    params = dict(_BEARER.findall(challenge))
+    realm = params.pop("realm", None)
+    if not realm:
+        raise ProfileError(
+            "IMAGE",
+            ref.name,
+            f"registry asked for auth it did not describe: {challenge!r}",
+            "log in to the registry or use a public image",
+        )
+    params.setdefault("scope", f"repository:{ref.repository}:pull")
+    response = requests.get(realm, params=params, timeout=timeout)
+    response.raise_for_status()
+    body = response.json()
+    return body.get("token") or body["access_token"]
+
+
+def resolve_digest(ref: ImageRef, *, timeout: float = 30.0) -> str:
+    """The manifest digest the registry serves for `ref` right now."""
+    url = f"{_scheme(ref.registry)}://{ref.registry}/v2/{ref.repository}/manifests/{ref.tag}"
+    headers = {"Accept": ", ".join(MANIFEST_TYPES)}
+    try:
+        response = requests.get(url, headers=headers, timeout=timeout)
+        if response.status_code == 401 and "Bearer" in response.headers.get("WWW-Authenticate", ""):
+            token = _token(response.headers["WWW-Authenticate"], ref, timeout)
+            headers["Authorization"] = f"Bearer {token}"
+            response = requests.get(url, headers=headers, timeout=timeout)
+    except requests.RequestException as err:
+        raise ProfileError(
+            "IMAGE",
+            f"{ref.name}:{ref.tag}",
+            f"registry {ref.registry} is not reachable ({type(err).__name__})",
+            "check the name and network",
+        ) from err
+    if response.status_code == 404:
+        raise ProfileError(
+            "IMAGE",
+            f"{ref.name}:{ref.tag}",
+            f"tag not found on {ref.registry}",
+            "push the image first, or check the tag",
+        )
+    if response.status_code != 200:
+        raise ProfileError(
+            "IMAGE",
+            f"{ref.name}:{ref.tag}",
+            f"registry answered HTTP {response.status_code}",
+            "check the name and your credentials",
+        )
+    body_digest = "sha256:" + hashlib.sha256(response.content).hexdigest()
+    digest = response.headers.get("Docker-Content-Digest", body_digest)
+    if digest != body_digest:
+        raise ProfileError(
+            "IMAGE",
+            f"{ref.name}:{ref.tag}",
+            f"registry reported {digest} for a manifest whose SHA-256 is {body_digest}",
+            "retry; do not pin this",
+        )
+    return digest

