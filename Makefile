@@ -13,13 +13,16 @@ CPU_ENV := VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1
 PRISTINE_VLLM = $(shell $(TEST_PY) -c 'import importlib.util as u; print(u.find_spec("vllm").submodule_search_locations[0])')
 PATCHED := $(TEST_VENV)/vllm-patched
 
-.PHONY: help test lint plan up pin build smoke patched-vllm patches-report lock
+.PHONY: help test lint plan up pin build smoke bench compare bench-client patched-vllm patches-report lock
 
 help:
 	@echo "make test                 build the CPU test environment and run every test"
 	@echo "make plan PROFILE=name    print the exact command and environment a profile runs"
 	@echo "make up PROFILE=name      start a profile (needs Docker and four GPUs)"
 	@echo "make smoke PROFILE=name   check a started server against its profile"
+	@echo "make bench PROFILE=name   qualification bench against a started server (receipt in results/)"
+	@echo "make compare A=a.json B=b.json   the seed-style A/B table of two receipts"
+	@echo "make bench-client         the bench client's own speed against vLLM's client"
 
 $(TEST_STAMP): tests/env/requirements-cpu.txt pyproject.toml
 	$(PYTHON) -m venv $(TEST_VENV)
@@ -81,3 +84,17 @@ smoke: $(KIT_STAMP)
 lock: $(TEST_STAMP)
 	$(TEST_VENV)/bin/uv pip compile docker/requirements.in --generate-hashes --python-version 3.12 \
 		--python-platform x86_64-manylinux_2_28 --no-header --output-file docker/requirements.lock
+
+# Qualification bench against a started server; BENCH_ARGS e.g. "--duration 30 --log server.log".
+BENCH_ARGS ?=
+bench: $(KIT_STAMP)
+	@test -n "$(PROFILE)" || { echo "usage: make bench PROFILE=<name> [URL=...] [BENCH_ARGS=...]"; exit 2; }
+	$(KIT_PY) -m smoke bench --profile $(PROFILE) $(if $(URL),--url $(URL)) $(BENCH_ARGS)
+
+compare: $(KIT_STAMP)
+	@test -n "$(A)" -a -n "$(B)" || { echo "usage: make compare A=control.json B=candidate.json"; exit 2; }
+	$(KIT_PY) -m smoke compare $(A) $(B)
+
+# The client's own throughput and CPU cost against vLLM 0.33.0's bench client (a benchmark).
+bench-client: $(TEST_STAMP)
+	$(CPU_ENV) $(TEST_PY) -m tests.bench_client

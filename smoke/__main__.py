@@ -1,4 +1,4 @@
-"""`python -m smoke {check,geometry}`: exit 0 pass, 1 a check failed, 2 bad usage or input."""
+"""`python -m smoke {check,geometry,bench,compare}`: 0 pass, 1 a check failed, 2 bad usage."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import sys
 from collections.abc import Sequence
 
 from launch.errors import USAGE_EXIT, ProfileError
-from smoke import check_cmd, geometry_cmd
+from smoke import bench_cmd, check_cmd, compare_cmd, geometry_cmd
 
-COMMANDS = (check_cmd, geometry_cmd)
+COMMANDS = (check_cmd, geometry_cmd, bench_cmd, compare_cmd)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

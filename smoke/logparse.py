@@ -67,6 +67,9 @@ GEOMETRY_GROUP = re.compile(
     r"group=(?P<role>\w+)/(?P<kind>\w+)/block=(?P<block>\d+)/cp=(?P<cp>\d+)"
     r"/layers=(?P<layers>\d+)/page_bytes=(?P<page>\d+)"
 )
+GPU_NAME = re.compile(
+    r"(?P<name>NVIDIA (?:RTX|GeForce|Quadro|Tesla|[ABHL]\d|GB\d)[^,;:()'\"\]\[]{0,60})"
+)
 EXITED = re.compile(r"^(?P<service>[\w.\-]+) exited with code (?P<code>\d+)")
 
 
@@ -124,6 +127,7 @@ class StartFacts:
     block_size_changes: list[dict[str, Any]] = field(default_factory=list)
     spec_decode: dict[str, Any] | None = None
     kv_geometry: dict[str, Any] | None = None
+    gpu_names: list[str] = field(default_factory=list)
     failed: bool = False
     errors: list[str] = field(default_factory=list)
 
@@ -171,6 +175,7 @@ class ServiceState:
             "block_size_changes": [dict(b) for b in c.block_size_changes],
             "spec_decode": c.spec_decode,
             "kv_geometry": c.kv_geometry,
+            "gpu_names": list(c.gpu_names),
             "starts": self.starts,
             "startup_failed": self.any_failed,
             "last_start_failed": c.failed,
@@ -306,6 +311,10 @@ class LogParser:
                 "accepted_tokens": int(counts.group("acc")) if counts else None,
                 "drafted_tokens": int(counts.group("draft")) if counts else None,
             }
+        for g in GPU_NAME.finditer(msg):
+            name = g.group("name").strip()
+            if name not in c.gpu_names:
+                c.gpu_names.append(name)
         if m := GEOMETRY.search(msg):
             c.kv_geometry = parse_geometry(m)
         if FAILED.search(msg):

@@ -80,8 +80,10 @@ def test_compose_config_shows_digest_gpus_volumes_and_healthcheck(name):
     health = service["healthcheck"]
     assert health["test"][:2] == ["CMD", "python3"] and "/health" in health["test"][3]
     assert health["start_period"] == "40m0s"
-    assert service["logging"] == {"driver": "json-file",
-                                  "options": {"max-size": "100m", "max-file": "5"}}
+    assert service["logging"] == {
+        "driver": "json-file",
+        "options": {"max-size": "100m", "max-file": "5"},
+    }
     mounts = {v["target"]: v for v in service["volumes"]}
     assert mounts["/opt/kit/launch"]["read_only"] is True
     assert config["volumes"]["hf-cache"]["name"] == "glm53-hf-cache"

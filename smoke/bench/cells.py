@@ -1,0 +1,211 @@
+"""The seeds' qualification cells: sustained decode, exact-length prefill, and output parity.
+
+Each cell returns a plain dict sample (the receipt keeps every one). Decode cells hold N
+concurrent streaming requests for a fixed window after a warm-up and count the tokens the server
+reported inside the window; prefill cells send a prompt of exactly the requested token count
+(checked with the server's /tokenize and again with the response's usage); parity sends a fixed
+greedy request and hashes the output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from smoke.bench.client import StreamResult, Target, request_json, stream_chat
+from smoke.bench.metrics import acceptance_length, parse_spec_counters
+
+FILLER = "hello"
+
+
+class BenchError(Exception):
+    """A cell that cannot be measured as asked (the message says why)."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    model: str
+    max_tokens: int = 4096
+    request_timeout: float = 600.0
+
+
+def chat_payload(model: str, prompt: str, max_tokens: int, *, stream: bool) -> bytes:
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    return json.dumps(body).encode()
+
+
+def percentiles(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "p90": None, "p99": None, "mean": None}
+    ordered = sorted(values)
+
+    def pick(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return {"p50": pick(0.50), "p90": pick(0.90), "p99": pick(0.99),
+            "mean": statistics.fmean(ordered)}  # fmt: skip
+
+
+def tokens_in_window(result: StreamResult, t0: float, t1: float) -> int:
+    before = after = 0
+    for t, tokens in result.marks:
+        if t < t0:
+            before = tokens
+        if t <= t1:
+            after = tokens
+    return max(0, after - before)
+
+
+def itl_in_window(result: StreamResult, t0: float, t1: float) -> list[float]:
+    """Seconds per token between consecutive arrivals inside the window."""
+    out = []
+    marks = result.marks
+    for (ta, na), (tb, nb) in itertools.pairwise(marks):
+        if t0 <= ta and tb <= t1 and nb > na:
+            out.extend([(tb - ta) / (nb - na)] * (nb - na))
+    return out
+
+
+async def metrics_text(target: Target) -> str | None:
+    try:
+        status, body = await request_json(target, "GET", "/metrics", timeout=10)
+    except (OSError, TimeoutError):
+        return None
+    return body if status == 200 and isinstance(body, str) else None
+
+
+async def decode_cell(target: Target, settings: Settings, concurrency: int, duration: float,
+                      warmup: float) -> dict[str, Any]:  # fmt: skip
+    """Hold `concurrency` streams for `warmup` + `duration` seconds; measure the window."""
+    payload = chat_payload(settings.model, FILLER, settings.max_tokens, stream=True)
+    results: list[StreamResult] = []
+    stop = asyncio.Event()
+
+    async def worker() -> None:
+        while not stop.is_set():
+            result = StreamResult(t_queued=time.perf_counter())
+            results.append(result)
+            task = asyncio.ensure_future(
+                stream_chat(target, payload, timeout=settings.request_timeout, result=result)
+            )
+            stopped = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                task.cancel()
+            stopped.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    workers = [asyncio.ensure_future(worker()) for _ in range(concurrency)]
+    await asyncio.sleep(warmup)
+    before = parse_spec_counters(await metrics_text(target) or "")
+    t0 = time.perf_counter()
+    await asyncio.sleep(duration)
+    t1 = time.perf_counter()
+    after = parse_spec_counters(await metrics_text(target) or "")
+    stop.set()
+    await asyncio.gather(*workers, return_exceptions=True)
+    window = t1 - t0
+    tokens = sum(tokens_in_window(r, t0, t1) for r in results)
+    started = [r for r in results if t0 <= r.t_sent <= t1]
+    ttft = [r.t_first - r.t_sent for r in started if r.t_first is not None]
+    itl = [gap for r in results for gap in itl_in_window(r, t0, t1)]
+    failed = [r for r in results if r.error and not r.error.startswith("cancelled")]
+    tok_s = tokens / window
+    accept = acceptance_length(before, after)
+    return {
+        "kind": "decode",
+        "concurrency": concurrency,
+        "window_s": window,
+        "output_tokens": tokens,
+        "output_tok_s": tok_s,
+        "acceptance_length": accept,
+        "target_steps_s": tok_s / accept if accept else None,
+        "ttft_s": percentiles(ttft),
+        "itl_s": percentiles(itl),
+        "client_queue_s": percentiles([r.t_sent - r.t_queued for r in started]),
+        "requests_started": len(started),
+        "requests_failed": len(failed),
+        "failures": sorted({r.error or "" for r in failed}),
+        "spec_counters": {"before": before and before.__dict__, "after": after and after.__dict__},
+    }
+
+
+async def count_prompt_tokens(target: Target, model: str, prompt: str) -> int:
+    status, body = await request_json(
+        target, "POST", "/tokenize",
+        {"model": model, "messages": [{"role": "user", "content": prompt}]},
+    )  # fmt: skip
+    if status != 200 or not isinstance(body, dict) or "count" not in body:
+        raise BenchError(
+            f"/tokenize answered HTTP {status}; the server must run with its "
+            "tokenizer endpoint (vLLM's default) to build exact prompts"
+        )
+    return int(body["count"])
+
+
+async def exact_prompt(target: Target, model: str, tokens: int, salt: str) -> str:
+    """A prompt whose chat-templated length is exactly `tokens`, by the server's tokenizer."""
+    lo, hi = 0, tokens
+    while lo <= hi:
+        words = (lo + hi) // 2
+        prompt = f"{salt} " + " ".join([FILLER] * words)
+        count = await count_prompt_tokens(target, model, prompt)
+        if count == tokens:
+            return prompt
+        if count < tokens:
+            lo = words + 1
+        else:
+            hi = words - 1
+    raise BenchError(f"no prompt of exactly {tokens} tokens could be built from {FILLER!r}")
+
+
+async def prefill_cell(target: Target, settings: Settings, tokens: int, run: int) -> dict[str, Any]:
+    prompt = await exact_prompt(target, settings.model, tokens, f"prefill run {run}:")
+    payload = chat_payload(settings.model, prompt, 1, stream=True)
+    result = await stream_chat(target, payload, timeout=settings.request_timeout)
+    if not result.ok or result.t_first is None:
+        return {"kind": "prefill", "prompt_tokens": tokens, "ok": False,
+                "error": result.error or "no token arrived"}  # fmt: skip
+    if result.prompt_tokens != tokens:
+        raise BenchError(
+            f"server counted {result.prompt_tokens} prompt tokens, /tokenize said {tokens}"
+        )
+    ttft = result.t_first - result.t_sent
+    return {"kind": "prefill", "prompt_tokens": tokens, "ok": True, "ttft_s": ttft,
+            "prompt_tok_s": tokens / ttft}  # fmt: skip
+
+
+async def parity_cell(target: Target, settings: Settings, prompt_tokens: int,
+                      max_tokens: int) -> dict[str, Any]:  # fmt: skip
+    prompt = await exact_prompt(target, settings.model, prompt_tokens, "parity:")
+    body = json.loads(chat_payload(settings.model, prompt, max_tokens, stream=False))
+    status, data = await request_json(target, "POST", "/v1/chat/completions", body,
+                                      timeout=settings.request_timeout)  # fmt: skip
+    if status != 200 or not isinstance(data, dict):
+        return {"kind": "parity", "ok": False, "error": f"HTTP {status}"}
+    text = data["choices"][0]["message"]["content"] or ""
+    usage = data.get("usage") or {}
+    return {
+        "kind": "parity",
+        "ok": True,
+        "prompt_tokens": usage.get("prompt_tokens"),
+        "completion_tokens": usage.get("completion_tokens"),
+        "sha256": hashlib.sha256(text.encode()).hexdigest(),
+    }

@@ -1,0 +1,233 @@
+"""A lean asynchronous streaming client for OpenAI chat completions (HTTP/1.1 + SSE).
+
+The load generator must not be the bottleneck nor bias latency. Each request is one connection
+(no pool, so no cap below the concurrency), driven by an `asyncio.Protocol` that parses bytes as
+they arrive: chunked transfer framing, SSE events, and the server's own token count from
+`continuous_usage_stats` (no re-tokenizing). Arrival times are taken once per network read: all
+tokens in one read arrived together. TTFT runs from the moment the request bytes were written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
+_PROMPT = re.compile(rb'"prompt_tokens":\s*(\d+)')
+READ_LIMIT = 1 << 20  # a response head may not exceed this
+
+
+@dataclass(frozen=True)
+class Target:
+    host: str
+    port: int
+    api_key: str | None = None
+
+    @classmethod
+    def from_url(cls, url: str, api_key: str | None = None) -> Target:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"{url!r}: only http://host:port URLs are supported")
+        return cls(parts.hostname, parts.port or 80, api_key)
+
+    def request(self, method: str, path: str, body: bytes = b"") -> bytes:
+        auth = f"Authorization: Bearer {self.api_key}\r\n" if self.api_key else ""
+        head = (
+            f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n{auth}"
+            f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        )
+        return head.encode() + body
+
+
+@dataclass
+class StreamResult:
+    """One streamed request: times are `time.perf_counter()` seconds."""
+
+    t_queued: float
+    t_sent: float = 0.0
+    t_first: float | None = None
+    t_end: float | None = None
+    status: int | None = None
+    done: bool = False
+    error: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int = 0
+    marks: list[tuple[float, int]] = field(default_factory=list)  # (arrival, tokens so far)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.status == 200 and self.done
+
+
+class _StreamProtocol(asyncio.Protocol):
+    def __init__(self, result: StreamResult, finished: asyncio.Future[None]) -> None:
+        self.result = result
+        self.finished = finished
+        self.head = bytearray()
+        self.in_body = False
+        self.chunked = False
+        self.remaining = 0  # bytes left in the current HTTP chunk
+        self.pending = bytearray()  # undecoded framing bytes
+        self.events = bytearray()  # decoded SSE bytes not yet split into events
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.finished.done():
+            if not self.result.done and self.result.error is None:
+                self.result.error = "connection closed before [DONE]"
+            self.finished.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        now = time.perf_counter()
+        if not self.in_body:
+            self.head += data
+            end = self.head.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self.head) > READ_LIMIT:
+                    self._fail("response head too large")
+                return
+            head, data = bytes(self.head[:end]), bytes(self.head[end + 4 :])
+            self.in_body = True
+            status_line, _, headers = head.partition(b"\r\n")
+            try:
+                self.result.status = int(status_line.split(b" ", 2)[1])
+            except (IndexError, ValueError):
+                self._fail(f"bad status line {status_line[:40]!r}")
+                return
+            self.chunked = b"transfer-encoding: chunked" in headers.lower()
+            if self.result.status != 200:
+                self._fail(f"HTTP {self.result.status}")
+                return
+        self._feed(data, now)
+
+    def _feed(self, data: bytes, now: float) -> None:
+        if self.chunked:
+            self.pending += data
+            buf = self.pending
+            pos = 0
+            while True:
+                if self.remaining:
+                    take = min(self.remaining, len(buf) - pos)
+                    self.events += buf[pos : pos + take]
+                    pos += take
+                    self.remaining -= take
+                    if self.remaining:
+                        break
+                    pos += 2  # the CRLF after a chunk
+                    continue
+                eol = buf.find(b"\r\n", pos)
+                if eol < 0:
+                    break
+                size = int(buf[pos:eol].split(b";", 1)[0] or b"0", 16)
+                pos = eol + 2
+                if size == 0:
+                    break
+                self.remaining = size
+            del buf[: min(pos, len(buf))]
+        else:
+            self.events += data
+        self._events(now)
+
+    def _events(self, now: float) -> None:
+        buf = self.events
+        cut = buf.rfind(b"\n\n")
+        if cut < 0:
+            return
+        complete = bytes(buf[: cut + 2])
+        del buf[: cut + 2]
+        r = self.result
+        match = None
+        for match in _TOKENS.finditer(complete):  # noqa: B007 - the last match is wanted
+            pass
+        if match is not None:
+            tokens = int(match.group(1))
+            if tokens > r.completion_tokens:
+                if r.t_first is None:
+                    r.t_first = now
+                r.completion_tokens = tokens
+                r.marks.append((now, tokens))
+            if r.prompt_tokens is None and (p := _PROMPT.search(complete)):
+                r.prompt_tokens = int(p.group(1))
+        if complete.endswith(b"data: [DONE]\n\n"):
+            r.done = True
+            r.t_end = now
+            if not self.finished.done():
+                self.finished.set_result(None)
+
+    def _fail(self, message: str) -> None:
+        self.result.error = message
+        if not self.finished.done():
+            self.finished.set_result(None)
+
+
+async def stream_chat(
+    target: Target, payload: bytes, *, timeout: float, result: StreamResult | None = None
+) -> StreamResult:
+    """POST a pre-encoded streaming chat request; return what arrived, never raise.
+
+    Pass `result` to watch a request that may be cancelled: it holds what arrived until then.
+    """
+    loop = asyncio.get_running_loop()
+    result = result if result is not None else StreamResult(t_queued=time.perf_counter())
+    finished: asyncio.Future[None] = loop.create_future()
+    transport = None
+    try:
+        transport, _ = await asyncio.wait_for(
+            loop.create_connection(lambda: _StreamProtocol(result, finished),
+                                   target.host, target.port),
+            timeout,
+        )  # fmt: skip
+        transport.write(target.request("POST", "/v1/chat/completions", payload))
+        result.t_sent = time.perf_counter()
+        await asyncio.wait_for(asyncio.shield(finished), timeout)
+    except TimeoutError:
+        result.error = result.error or f"timed out after {timeout:.0f} s"
+    except OSError as err:
+        result.error = f"connection failed: {err.strerror or err}"
+    except asyncio.CancelledError:
+        result.error = result.error or "cancelled at the end of the window"
+        raise
+    finally:
+        if transport is not None:
+            transport.close()
+    return result
+
+
+async def request_json(target: Target, method: str, path: str, body: object | None = None,
+                       *, timeout: float = 60.0) -> tuple[int, object]:  # fmt: skip
+    """A small non-streaming request; (status, decoded JSON or text)."""
+    data = b"" if body is None else json.dumps(body).encode()
+    reader, writer = await asyncio.wait_for(
+        asyncio.open_connection(target.host, target.port, limit=READ_LIMIT), timeout
+    )
+    try:
+        writer.write(target.request(method, path, data))
+        raw = await asyncio.wait_for(reader.read(), timeout)
+    finally:
+        writer.close()
+    head, _, body_bytes = raw.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    if b"transfer-encoding: chunked" in head.lower():
+        body_bytes = _dechunk(body_bytes)
+    text = body_bytes.decode("utf-8", "replace")
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+def _dechunk(data: bytes) -> bytes:
+    out, pos = bytearray(), 0
+    while True:
+        eol = data.find(b"\r\n", pos)
+        if eol < 0:
+            return bytes(out)
+        size = int(data[pos:eol].split(b";", 1)[0] or b"0", 16)
+        if size == 0:
+            return bytes(out)
+        out += data[eol + 2 : eol + 2 + size]
+        pos = eol + 2 + size + 2

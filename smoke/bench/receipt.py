@@ -1,0 +1,82 @@
+"""The bench receipt: everything needed to read a result later, written after every cell.
+
+Like `vllm bench sweep`, the file is rewritten after each cell, so an interrupted run keeps what it
+measured and `--resume` continues with the cells still missing.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+RECEIPT_KIND = "glm53-kit-bench-receipt"
+STATIC_LIMITATIONS = [
+    "Output tokens/s depends on the draft's acceptance; compare target steps/s across geometries.",
+    "A parity hash from a cold JIT cache is not a determinism guarantee (seed 000): compare "
+    "hashes taken on warmed servers.",
+    "Decode cells use context zero (a one-word prompt), as the seeds' sustained-decode runs did; "
+    "they say nothing about decode at long context.",
+    "Means over the repeats only; no significance test is made.",
+]
+
+
+def summarize(kind: str, samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Means over the samples of one cell."""
+
+    def mean(key: str) -> float | None:
+        values = [s[key] for s in samples if s.get(key) is not None]
+        return statistics.fmean(values) if values else None
+
+    if kind == "decode":
+        return {
+            "output_tok_s": mean("output_tok_s"),
+            "target_steps_s": mean("target_steps_s"),
+            "acceptance_length": mean("acceptance_length"),
+            "ttft_p50_s": statistics.fmean([s["ttft_s"]["p50"] for s in samples
+                                            if s["ttft_s"]["p50"] is not None] or [0.0]),
+            "requests_failed": sum(s["requests_failed"] for s in samples),
+        }  # fmt: skip
+    if kind == "prefill":
+        ok = [s for s in samples if s.get("ok")]
+        return {"prompt_tok_s": mean("prompt_tok_s"), "failed": len(samples) - len(ok)}
+    if kind == "parity":
+        hashes = sorted({s["sha256"] for s in samples if s.get("ok")})
+        return {"sha256": hashes[0] if len(hashes) == 1 else None, "distinct_hashes": hashes}
+    raise ValueError(kind)
+
+
+def limitations(receipt: Mapping[str, Any]) -> list[str]:
+    out = list(STATIC_LIMITATIONS)
+    cells = receipt.get("cells", {})
+    if any(c["kind"] == "decode" and c["summary"]["acceptance_length"] is None
+           for c in cells.values()):  # fmt: skip
+        out.append(
+            "No speculative-decoding counters moved in /metrics: acceptance length and "
+            "target steps/s are not computed."
+        )
+    failed = sum(c["summary"].get("requests_failed", 0) + c["summary"].get("failed", 0)
+                 for c in cells.values())  # fmt: skip
+    if failed:
+        out.append(f"{failed} request(s) failed and are excluded from the figures.")
+    if receipt.get("log") is None:
+        out.append("No server log was given (--log): capacity, geometry and GPU names are absent.")
+    if receipt.get("image", {}).get("ref") is None:
+        out.append("The image digest is unknown: the lock has no digest for this profile.")
+    return out
+
+
+def load(path: Path) -> dict[str, Any]:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if data.get("kind") != RECEIPT_KIND:
+        raise ValueError(f"{path} is not a bench receipt")
+    return data
+
+
+def save(path: Path, receipt: dict[str, Any]) -> None:
+    receipt["limitations"] = limitations(receipt)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(receipt, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    tmp.replace(path)

@@ -1,0 +1,91 @@
+"""`python -m smoke compare A.json B.json`: two bench receipts as the seeds' A/B table.
+
+Per cell: the mean of A and of B and the relative change of B against A (target steps/s for
+decode when acceptance was measured, else output tok/s; prompt tok/s for prefill), the KV
+capacity each server's log reported, and whether the parity hashes match.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from launch.errors import ProfileError
+from smoke.bench import receipt as receipts
+
+NAME = "compare"
+COLD_JIT = ("a matching hash is warmed-path evidence, not a determinism guarantee: a first "
+            "request after an empty JIT cache can continue differently (seed 000)")  # fmt: skip
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(NAME, help="compare two bench receipts (A = control, B = candidate)")
+    p.add_argument("a", type=Path, help="control receipt")
+    p.add_argument("b", type=Path, help="candidate receipt")
+    return p
+
+
+def _metric(cell: dict[str, Any]) -> tuple[str, float | None]:
+    s = cell["summary"]
+    if cell["kind"] == "decode":
+        if s["target_steps_s"] is not None:
+            return "target steps/s", s["target_steps_s"]
+        return "output tok/s", s["output_tok_s"]
+    return "prompt tok/s", s["prompt_tok_s"]
+
+
+def _fmt(value: float | int | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.3f}" if isinstance(value, float) and value < 1000 else f"{value:,.0f}"
+
+
+def _change(a: float | None, b: float | None) -> str:
+    if a is None or b is None or a == 0:
+        return "-"
+    return f"{(b - a) / a * 100:+.2f}%"
+
+
+def table(a: dict[str, Any], b: dict[str, Any]) -> str:
+    rows = [("cell", "metric", "A", "B", "change")]
+    names = [n for n in a["cells"] if n in b["cells"] and a["cells"][n]["kind"] != "parity"]
+    for name in names:
+        label, va = _metric(a["cells"][name])
+        label_b, vb = _metric(b["cells"][name])
+        if label_b != label:
+            vb = None
+        rows.append((name, label, _fmt(va), _fmt(vb), _change(va, vb)))
+    capacity = [((r.get("log") or {}).get("kv_cache_tokens")) for r in (a, b)]
+    rows.append(("capacity", "KV tokens (log)", _fmt(capacity[0]), _fmt(capacity[1]),
+                 _change(*capacity)))  # fmt: skip
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = ["  ".join(f"{c:<{w}}" for c, w in zip(r, widths, strict=True)).rstrip()
+             for r in rows]  # fmt: skip
+    parity = [r["cells"].get("parity", {}).get("summary", {}).get("sha256") for r in (a, b)]
+    if None in parity:
+        lines.append("parity: not measured in both receipts")
+    else:
+        verdict = "match" if parity[0] == parity[1] else "DIFFER"
+        lines.append(
+            f"parity: {verdict} (A {parity[0][:16]}..., B {parity[1][:16]}...); {COLD_JIT}"
+        )
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    loaded = []
+    for field, path in (("A", args.a), ("B", args.b)):
+        try:
+            loaded.append(receipts.load(path))
+        except (OSError, ValueError) as err:
+            raise ProfileError(
+                field,
+                str(path),
+                f"is not a readable bench receipt ({err})",
+                "pass two files written by make bench",
+            ) from err
+    a, b = loaded
+    print(f"A: {args.a} ({a['profile']}, {a['date']})\nB: {args.b} ({b['profile']}, {b['date']})")
+    print(table(a, b))
+    return 0

@@ -1,0 +1,196 @@
+"""A fast stand-in for vLLM's OpenAI server on 127.0.0.1, for the bench and its tests.
+
+A test double, never shipped as the kit's server. Streaming responses are pre-built byte blobs
+(HTTP/1.1 chunked, one chunk per SSE event, as uvicorn sends them) written as fast as the socket
+allows, so the client under test is the bottleneck. It also serves `/v1/models`, `/health`,
+`/tokenize` (one token per whitespace-separated word, plus the chat template's 8) and Prometheus
+`/metrics` with spec-decode counters that grow by known amounts per completed request.
+
+    python tests/standin_fast.py --port 0      # prints "listening on PORT", serves until killed
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from dataclasses import dataclass, field
+
+MODEL = "local-inference-lab/GLM-5.3-Flash-NVFP4"
+TEMPLATE_TOKENS = 8
+# Per completed streaming request: drafts and accepted tokens such that the mean acceptance
+# length 1 + accepted / drafts is exactly 2.5 (3 of 4 drafted tokens accepted per 2 drafts).
+DRAFTS_PER_REQUEST = 2
+DRAFT_TOKENS_PER_REQUEST = 8
+ACCEPTED_PER_REQUEST = 3
+
+
+def count_tokens(messages: list[dict]) -> int:
+    return TEMPLATE_TOKENS + sum(len(str(m.get("content", "")).split()) for m in messages)
+
+
+def completion_text(prompt_tokens: int, max_tokens: int, variant: str) -> list[str]:
+    """Deterministic tokens for a prompt size; `variant` changes exactly one token."""
+    words = [f" w{(prompt_tokens * 31 + i * 7) % 997}" for i in range(max_tokens)]
+    if variant and words:
+        words[len(words) // 2] = f" {variant}"
+    return words
+
+
+def _chunk(payload: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(payload), payload)
+
+
+@dataclass
+class Counters:
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+    requests: int = 0
+
+
+@dataclass
+class StandIn:
+    model: str = MODEL
+    variant: str = ""
+    fail_every: int = 0  # every Nth chat request answers HTTP 500
+    counters: Counters = field(default_factory=Counters)
+    _blobs: dict[tuple[int, int, bool], bytes] = field(default_factory=dict)
+    _seen: int = 0
+
+    def stream_blob(self, prompt_tokens: int, max_tokens: int, continuous: bool) -> bytes:
+        key = (prompt_tokens, max_tokens, continuous)
+        blob = self._blobs.get(key)
+        if blob is None:
+            parts = []
+            words = completion_text(prompt_tokens, max_tokens, self.variant)
+            for i, word in enumerate(words, start=1):
+                event = {
+                    "id": "chatcmpl-standin", "object": "chat.completion.chunk", "created": 0,
+                    "model": self.model,
+                    "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}],
+                }  # fmt: skip
+                if continuous:
+                    event["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": i,
+                                      "total_tokens": prompt_tokens + i}  # fmt: skip
+                parts.append(_chunk(b"data: " + json.dumps(event).encode() + b"\n\n"))
+            final = {
+                "id": "chatcmpl-standin", "object": "chat.completion.chunk", "created": 0,
+                "model": self.model, "choices": [],
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(words),
+                          "total_tokens": prompt_tokens + len(words)},
+            }  # fmt: skip
+            parts.append(_chunk(b"data: " + json.dumps(final).encode() + b"\n\n"))
+            parts.append(_chunk(b"data: [DONE]\n\n"))
+            parts.append(b"0\r\n\r\n")
+            blob = b"".join(parts)
+            self._blobs[key] = blob
+        return blob
+
+    def metrics(self) -> bytes:
+        c = self.counters
+        labels = f'{{engine="0",model_name="{self.model}"}}'
+        lines = []
+        for name, value in (("drafts", c.drafts), ("draft_tokens", c.draft_tokens),
+                            ("accepted_tokens", c.accepted)):  # fmt: skip
+            lines += [f"# TYPE vllm:spec_decode_num_{name}_total counter",
+                      f"vllm:spec_decode_num_{name}_total{labels} {value}.0"]  # fmt: skip
+        return ("\n".join(lines) + "\n").encode()
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                request_line, *header_lines = head.decode("latin-1").split("\r\n")
+                method, path, _ = request_line.split(" ", 2)
+                headers = {k.lower(): v.strip() for k, _, v in
+                           (h.partition(":") for h in header_lines if h)}  # fmt: skip
+                length = int(headers.get("content-length", "0"))
+                body = await reader.readexactly(length) if length else b""
+                keep = await self.route(method, path, body, writer)
+                await writer.drain()
+                if not keep or headers.get("connection", "").lower() == "close":
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    def _json(self, writer: asyncio.StreamWriter, status: int, payload: object) -> bool:
+        data = json.dumps(payload).encode()
+        reason = {200: "OK", 404: "Not Found", 500: "Internal Server Error"}[status]
+        writer.write(b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d"
+                     b"\r\n\r\n%s" % (status, reason.encode(), len(data), data))  # fmt: skip
+        return True
+
+    async def route(
+        self, method: str, path: str, body: bytes, writer: asyncio.StreamWriter
+    ) -> bool:
+        if method == "GET" and path == "/health":
+            return self._json(writer, 200, {})
+        if method == "GET" and path == "/v1/models":
+            return self._json(writer, 200, {"object": "list", "data": [{"id": self.model}]})
+        if method == "GET" and path == "/metrics":
+            data = self.metrics()
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d"
+                         b"\r\n\r\n%s" % (len(data), data))  # fmt: skip
+            return True
+        request = json.loads(body or b"{}")
+        if method == "POST" and path == "/tokenize":
+            messages = request.get("messages") or [{"content": request.get("prompt", "")}]
+            return self._json(
+                writer, 200, {"count": count_tokens(messages), "max_model_len": 10**6}
+            )
+        if method != "POST" or path != "/v1/chat/completions":
+            return self._json(writer, 404, {"error": "not found"})
+        self._seen += 1
+        if self.fail_every and self._seen % self.fail_every == 0:
+            return self._json(writer, 500, {"error": "injected failure"})
+        prompt_tokens = count_tokens(request.get("messages", []))
+        max_tokens = int(request.get("max_tokens") or request.get("max_completion_tokens") or 16)
+        if request.get("stream"):
+            options = request.get("stream_options") or {}
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                         b"Transfer-Encoding: chunked\r\n\r\n")  # fmt: skip
+            writer.write(self.stream_blob(prompt_tokens, max_tokens,
+                                          bool(options.get("continuous_usage_stats"))))  # fmt: skip
+        else:
+            words = completion_text(prompt_tokens, max_tokens, self.variant)
+            self._json(writer, 200, {
+                "id": "chatcmpl-standin", "object": "chat.completion", "model": self.model,
+                "choices": [{"index": 0, "message": {"role": "assistant",
+                                                     "content": "".join(words)},
+                             "finish_reason": "length"}],
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(words),
+                          "total_tokens": prompt_tokens + len(words)},
+            })  # fmt: skip
+        c = self.counters
+        c.requests += 1
+        c.drafts += DRAFTS_PER_REQUEST
+        c.draft_tokens += DRAFT_TOKENS_PER_REQUEST
+        c.accepted += ACCEPTED_PER_REQUEST
+        return True
+
+
+async def serve(standin: StandIn, port: int, ready: asyncio.Future | None = None) -> None:
+    server = await asyncio.start_server(standin.handle, "127.0.0.1", port, backlog=1024)
+    bound = server.sockets[0].getsockname()[1]
+    if ready is not None:
+        ready.set_result(bound)
+    else:
+        print(f"listening on {bound}", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--variant", default="", help="change one generated token")
+    parser.add_argument("--fail-every", type=int, default=0)
+    args = parser.parse_args()
+    asyncio.run(serve(StandIn(variant=args.variant, fail_every=args.fail_every), args.port))
+
+
+if __name__ == "__main__":
+    main()

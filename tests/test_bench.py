@@ -1,0 +1,180 @@
+"""`python -m smoke bench` and `compare` against the fast stand-in on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from smoke.__main__ import main
+from tests.conftest import REPO
+from tests.standin_fast import ACCEPTED_PER_REQUEST, DRAFTS_PER_REQUEST
+
+ACCEPTANCE = 1 + ACCEPTED_PER_REQUEST / DRAFTS_PER_REQUEST  # 2.5, exactly
+
+
+@contextmanager
+def standin(*args: str) -> Iterator[str]:
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "standin_fast.py"), *args],
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("listening on "), line
+        yield f"http://127.0.0.1:{int(line.split()[-1])}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def bench(url: str, out: Path, *extra: str) -> int:
+    return main([
+        "bench", "--profile", "dflash-tp4-dcp4", "--url", url, "--out", str(out),
+        "--concurrency", "1", "4", "--duration", "1.5", "--warmup", "0.3", "--repeats", "2",
+        "--max-tokens", "300", "--prefill-tokens", "700", "--prefill-repeats", "2",
+        "--parity-prompt-tokens", "400", "--parity-max-tokens", "50", *extra,
+    ])  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def receipt_a(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bench") / "a.json"
+    with standin() as url:
+        assert bench(url, out) == 0
+    return out
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_decode_cells_run_for_their_duration_and_stop(receipt_a):
+    cells = load(receipt_a)["cells"]
+    for name in ("decode-c1", "decode-c4"):
+        samples = cells[name]["samples"]
+        assert len(samples) == 2
+        for s in samples:
+            assert 1.5 <= s["window_s"] < 1.7
+            assert s["output_tokens"] > 0 and s["requests_failed"] == 0
+    assert cells["decode-c4"]["samples"][0]["concurrency"] == 4
+
+
+def test_metrics_deltas_give_acceptance_and_steps_exactly(receipt_a):
+    for s in load(receipt_a)["cells"]["decode-c4"]["samples"]:
+        before, after = s["spec_counters"]["before"], s["spec_counters"]["after"]
+        drafts = after["drafts"] - before["drafts"]
+        assert drafts > 0
+        assert (after["accepted_tokens"] - before["accepted_tokens"]) / drafts == (
+            ACCEPTED_PER_REQUEST / DRAFTS_PER_REQUEST
+        )
+        assert s["acceptance_length"] == ACCEPTANCE
+        assert s["target_steps_s"] == s["output_tok_s"] / ACCEPTANCE
+
+
+def test_prefill_prompt_is_exactly_the_requested_length(receipt_a):
+    samples = load(receipt_a)["cells"]["prefill-700"]["samples"]
+    assert [s["prompt_tokens"] for s in samples] == [700, 700]
+    assert all(s["ok"] and s["prompt_tok_s"] > 0 for s in samples)
+
+
+def test_receipt_records_plan_image_and_limitations(receipt_a):
+    r = load(receipt_a)
+    assert r["profile"] == "dflash-tp4-dcp4"
+    assert r["plan"]["argv"][:3] == ["vllm", "serve", "local-inference-lab/GLM-5.3-Flash-NVFP4"]
+    assert r["image"]["ref"].startswith("voipmonitor/vllm@sha256:9a0ce5ba")
+    assert r["image"]["source_lock"].startswith("7d92e36e")
+    assert any("No server log" in line for line in r["limitations"])
+    assert r["date"].endswith("+00:00")
+
+
+def test_failed_requests_are_counted_and_reported(tmp_path):
+    out = tmp_path / "fail.json"
+    with standin("--fail-every", "3") as url:
+        bench(url, out, "--skip", "prefill", "--skip", "parity")
+    r = load(out)
+    failed = sum(s["requests_failed"] for s in r["cells"]["decode-c4"]["samples"])
+    assert failed > 0
+    assert r["cells"]["decode-c4"]["samples"][0]["failures"] == ["HTTP 500"]
+    assert any("request(s) failed" in line for line in r["limitations"])
+
+
+def test_parity_hash_is_stable_and_changes_with_one_token(tmp_path, receipt_a):
+    same, changed = tmp_path / "same.json", tmp_path / "changed.json"
+    with standin() as url:
+        assert bench(url, same, "--concurrency", "1", "--repeats", "1", "--skip", "prefill") == 0
+    with standin("--variant", "different") as url:
+        assert bench(url, changed, "--concurrency", "1", "--repeats", "1",
+                     "--skip", "prefill") == 0  # fmt: skip
+    hashes = [load(p)["cells"]["parity"]["summary"]["sha256"] for p in (receipt_a, same, changed)]
+    assert hashes[0] == hashes[1] != hashes[2]
+
+
+def test_compare_prints_the_seed_style_table(tmp_path, receipt_a, capsys):
+    b = tmp_path / "b.json"
+    with standin("--variant", "different") as url:
+        assert bench(url, b) == 0
+    capsys.readouterr()
+    assert main(["compare", str(receipt_a), str(b)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2].split() == ["cell", "metric", "A", "B", "change"]
+    assert [line.split()[0] for line in out[3:7]] == [
+        "decode-c1",
+        "decode-c4",
+        "prefill-700",
+        "capacity",
+    ]
+    assert "target steps/s" in out[3]
+    assert out[7].startswith("parity: DIFFER")
+
+
+def test_resume_keeps_measured_cells(tmp_path):
+    out = tmp_path / "resume.json"
+    with standin() as url:
+        assert bench(url, out, "--skip", "prefill", "--skip", "parity") == 0
+        first = load(out)["cells"]["decode-c1"]
+        start = time.monotonic()
+        assert bench(url, out, "--resume", "--skip", "prefill") == 0
+        assert time.monotonic() - start < 5  # only parity ran
+    r = load(out)
+    assert r["cells"]["decode-c1"] == first
+    assert "parity" in r["cells"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "--profile", "dflash-tp4-dcp4", "--url", "https://x:1"],
+        ["bench", "--profile", "dflash-tp4-dcp4", "--resume", "--out", "/nonexistent/r.json"],
+        ["compare", "/nonexistent/a.json", "/nonexistent/b.json"],
+    ],
+)
+def test_bad_usage_exits_2(argv):
+    assert main(argv) == 2
+
+
+def test_make_bench_writes_a_receipt_and_prints_the_cells(tmp_path):
+    stamp = REPO / ".venv" / ".kit-env-for-tests"
+    stamp.touch()
+    out = tmp_path / "make.json"
+    args = (f"--out {out} --concurrency 2 --duration 1 --warmup 0.2 --repeats 1 --max-tokens 100 "
+            "--prefill-tokens 300 --prefill-repeats 1 --parity-prompt-tokens 200 "
+            "--parity-max-tokens 20")  # fmt: skip
+    with standin() as url:
+        result = subprocess.run(
+            ["make", "-s", "bench", "PROFILE=dflash-tp4-dcp4", f"URL={url}", "KIT_VENV=.venv",
+             f"KIT_STAMP={stamp}", f"BENCH_ARGS={args}"],
+            cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("decode-c2 run 1/1: ")
+    assert lines[1].startswith("prefill-300 run 1/1: ")
+    assert lines[2].startswith("parity run 1/1: ")
+    assert lines[-1] == f"receipt: {out}"
+    assert set(load(out)["cells"]) == {"decode-c2", "prefill-300", "parity"}
