@@ -103,7 +103,9 @@ def parse_geometry(match: re.Match[str]) -> dict[str, Any]:
         "groups": groups,
         "block_sizes": _by_role(groups, "block_size"),
         "page_bytes": _by_role(groups, "page_bytes"),
-        "cp_sizes": [g["cp_size"] for g in groups],
+        # CP sizes of the attention groups in order (recurrent state is never CP-sharded): the
+        # "effective cache-group CP sizes" seed 000 read from its logs.
+        "cp_sizes": [g["cp_size"] for g in groups if g["role"] in ("target", "draft")],
     }
 
 

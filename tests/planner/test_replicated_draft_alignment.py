@@ -95,5 +95,6 @@ def test_geometry_report_states_the_promoted_draft(capsys):
     geometry = facts["kv_geometry"]
     assert geometry["num_blocks"] == 906
     assert geometry["block_sizes"] == {"draft": 2304, "recurrent": 2304, "target": 2304}
-    assert geometry["cp_sizes"] == [1, 1, 1, 4, 1]
+    assert [g["cp_size"] for g in geometry["groups"]] == [1, 1, 1, 4, 1]
+    assert geometry["cp_sizes"] == [4, 1]  # attention groups: sharded target, replicated draft
     assert geometry["tokens"] == after.tokens
