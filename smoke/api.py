@@ -64,20 +64,30 @@ def _json(response: requests.Response) -> dict[str, Any]:
     return data
 
 
-def _ask(server: Server, prompt: str, max_tokens: int) -> dict[str, Any]:
-    """One greedy, non-streaming chat completion."""
-    response = requests.post(
+def _post_chat(
+    server: Server, prompt: str, max_tokens: int, *, stream: bool = False
+) -> requests.Response:
+    """One greedy chat completion request (streamed with usage when `stream`)."""
+    body: dict[str, Any] = {
+        "model": server.model_id,
+        "messages": [{"role": "user", "content": prompt}],
+        "temperature": 0,
+        "max_tokens": max_tokens,
+    }
+    if stream:
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
+    return requests.post(
         server.url("/v1/chat/completions"),
-        json={
-            "model": server.model_id,
-            "messages": [{"role": "user", "content": prompt}],
-            "temperature": 0,
-            "max_tokens": max_tokens,
-        },
+        json=body,
         headers=server.headers(),
+        stream=stream,
         timeout=(5, server.timeout),
     )
-    return _json(response)
+
+
+def _ask(server: Server, prompt: str, max_tokens: int) -> dict[str, Any]:
+    """One greedy, non-streaming chat completion, decoded."""
+    return _json(_post_chat(server, prompt, max_tokens))
 
 
 def _choice(data: dict[str, Any]) -> dict[str, Any]:
@@ -157,20 +167,7 @@ def check_length_limit(server: Server) -> Check:
 def check_stream(server: Server) -> Check:
     def body() -> str:
         deadline = time.monotonic() + server.timeout
-        response = requests.post(
-            server.url("/v1/chat/completions"),
-            json={
-                "model": server.model_id,
-                "messages": [{"role": "user", "content": LENGTH_PROMPT}],
-                "temperature": 0,
-                "max_tokens": 32,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            },
-            headers=server.headers(),
-            stream=True,
-            timeout=(5, server.timeout),
-        )
+        response = _post_chat(server, LENGTH_PROMPT, 32, stream=True)
         if response.status_code != 200:
             raise CheckFailed(f"HTTP {response.status_code}")
         arrivals: list[float] = []

@@ -18,6 +18,10 @@ from tests.standin import StandIn
 QWEN = FIXTURE_LOGS / "qwen35-4b-9b-compose-v0.16.1-negative-kv-engine-failed-restart.log"
 
 
+def check_argv(url: str, *extra: str) -> list[str]:
+    return ["check", "--profile", "mtp3-tp4-split", "--url", url, "--json", *extra]
+
+
 def run_check(capsys, url: str, *extra: str) -> tuple[int, dict]:
     code = main(
         [
@@ -125,19 +129,7 @@ def test_server_that_comes_up_late_passes_after_waiting(capsys):
 def test_server_never_up_fails_readiness_in_bounded_time(capsys):
     with StandIn("late", late_seconds=60) as server:
         start = time.monotonic()
-        code = main(
-            [
-                "check",
-                "--profile",
-                "mtp3-tp4-split",
-                "--url",
-                server.url,
-                "--no-log",
-                "--timeout",
-                "3",
-                "--json",
-            ]
-        )
+        code = main(check_argv(server.url, "--no-log", "--timeout", "3"))
         verdict = json.loads(capsys.readouterr().out)
     assert code == 1
     assert verdict["checks"][0]["seen"].startswith("/health HTTP 503 after")
@@ -153,20 +145,7 @@ def test_engine_failure_in_log_ends_the_wait_with_root_cause(tmp_path, capsys):
     with StandIn("late", late_seconds=60) as server:
         start = time.monotonic()
         code = main(
-            [
-                "check",
-                "--profile",
-                "mtp3-tp4-split",
-                "--url",
-                server.url,
-                "--log",
-                str(log),
-                "--service",
-                "qwen3.5-4b",
-                "--timeout",
-                "30",
-                "--json",
-            ]
+            check_argv(server.url, "--log", str(log), "--service", "qwen3.5-4b", "--timeout", "30")
         )
         verdict = json.loads(capsys.readouterr().out)
     assert code == 1
