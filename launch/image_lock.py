@@ -31,6 +31,7 @@ def is_digest_ref(ref: str) -> bool:
 
 
 def read_lock(path: Path = LOCK_PATH) -> dict[str, str]:
+    """KEY=VALUE lines of an env file (the lock, or compose/.env); comments ignored."""
     values: dict[str, str] = {}
     for line in path.read_text(encoding="utf-8").splitlines():
         match = _LINE.match(line.strip())
@@ -52,14 +53,16 @@ def write_lock(updates: Mapping[str, str], path: Path = LOCK_PATH) -> None:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def resolve_image(source: str, environ: Mapping[str, str], path: Path = LOCK_PATH) -> str:
-    """The digest reference for `source`: `IMAGE` from the environment (profile images only),
-    else the lock's entry."""
+def resolve_image(
+    source: str, environ: Mapping[str, str], path: Path = LOCK_PATH, *, override_var: str = "IMAGE"
+) -> str:
+    """The digest reference for `source`: `override_var` from the environment (profile images
+    only), else the lock's entry."""
     key = PIN_KEYS[source]
-    override = environ.get("IMAGE") if source in SOURCES else None
+    override = environ.get(override_var) if source in SOURCES else None
     ref = override if override else read_lock(path).get(key, "")
     field, fix = (
-        ("IMAGE", "set IMAGE=repo@sha256:<digest>, or unset it to use the lock")
+        (override_var, f"set {override_var}=repo@sha256:<digest>, or unset it to use the lock")
         if override
         else (key, f"run `make pin IMAGE=repo:tag SOURCE={source}` to write the digest into "
               f"{path.name}")

@@ -49,6 +49,8 @@ ENV_OVERRIDES: dict[str, str] = {
     "IMAGE_SOURCE": "deployment.image",
     "HOST": "deployment.host",
     "PORT": "deployment.port",
+    "SHM_SIZE_GIB": "deployment.shm_size_gib",
+    "STARTUP_BUDGET_S": "deployment.startup_budget_s",
     "ALLOW_FLOATING_REVISION": "deployment.allow_floating_revision",
     "FALLBACKS": "deployment.fallbacks",
 }

@@ -98,6 +98,10 @@ class Deployment:
     container they are renumbered from 0, so CUDA_VISIBLE_DEVICES is left alone."""
     host: str = "0.0.0.0"
     port: int = 8000
+    shm_size_gib: int = 64
+    """Shared memory for the workers (compose shm_size, Kubernetes /dev/shm)."""
+    startup_budget_s: int = 2400
+    """How long weight loading and graph capture may take before health checks count."""
     image: str = "kit"
     """Image source in compose/images.lock: `kit` (this kit's image) or `qualified` (the seed's
     qualified runtime)."""

@@ -314,6 +314,15 @@ def check_port(p: Profile) -> None:
         raise ProfileError("deployment.port", port, "must be in 1..65535", "e.g. PORT=8000")
 
 
+def check_runtime_sizes(p: Profile) -> None:
+    _positive("deployment.shm_size_gib", p.deployment.shm_size_gib, "e.g. SHM_SIZE_GIB=64")
+    _positive(
+        "deployment.startup_budget_s",
+        p.deployment.startup_budget_s,
+        "e.g. STARTUP_BUDGET_S=2400 (40 minutes)",
+    )
+
+
 def check_image_source(p: Profile) -> None:
     if p.deployment.image not in IMAGE_SOURCES:
         raise ProfileError(
@@ -336,6 +345,7 @@ RULES: tuple[Rule, ...] = (
     check_split_pages,
     check_revisions,
     check_port,
+    check_runtime_sizes,
     check_image_source,
 )
 

@@ -29,6 +29,7 @@ class StandIn(ThreadingHTTPServer):
         self.model = model if fault != "wrong_model" else "some-other-model"
         self.ready_at = time.monotonic() + (late_seconds if fault == "late" else 0.0)
         self.release = threading.Event()
+        self.chat_requests = 0
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)
 
     @property
@@ -72,6 +73,7 @@ class Handler(BaseHTTPRequestHandler):
             self._send(404, b"{}")
 
     def do_POST(self) -> None:
+        self.server.chat_requests += 1
         length = int(self.headers.get("Content-Length", "0"))
         request = json.loads(self.rfile.read(length) or b"{}")
         fault = self.server.fault

@@ -30,10 +30,20 @@ def compose_binary() -> str:
     return str(Path(compose.__file__).parent / "docker-compose")
 
 
-def compose_config(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if k not in {"IMAGE", "PROFILE", "GPU_DEVICES"}}
+def runtime_env(name: str) -> dict[str, str]:
+    from launch.commands.common import build_plan
+    from launch.scale import replica_runtime_env
+
+    return replica_runtime_env(build_plan(name, (), {}, None))
+
+
+def compose_config(
+    env: dict[str, str], file: Path = COMPOSE_FILE
+) -> subprocess.CompletedProcess[str]:
+    drop = {"IMAGE", "PROFILE", "GPU_DEVICES", "SHM_SIZE", "HEALTH_START_PERIOD", "ROUTER_IMAGE"}
+    clean = {k: v for k, v in os.environ.items() if k not in drop}
     return subprocess.run(
-        [compose_binary(), "-f", str(COMPOSE_FILE), "config", "--format", "json"],
+        [compose_binary(), "-f", str(file), "config", "--format", "json"],
         env={**clean, **env}, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
 
@@ -62,7 +72,7 @@ def test_qualified_image_in_the_lock_is_the_seed_digest():
 
 @pytest.mark.parametrize("name", ["dflash-tp4-dcp4", "mtp3-tp4-split"])
 def test_compose_config_shows_digest_gpus_volumes_and_healthcheck(name):
-    result = compose_config({"PROFILE": name, "IMAGE": TEST_DIGEST, "GPU_DEVICES": "4,5,6,7"})
+    result = compose_config({**runtime_env(name), "IMAGE": TEST_DIGEST, "GPU_DEVICES": "4,5,6,7"})
     assert result.returncode == 0, result.stderr
     config = json.loads(result.stdout)
     service = config["services"]["vllm"]
@@ -94,8 +104,15 @@ def test_compose_config_shows_digest_gpus_volumes_and_healthcheck(name):
 @pytest.mark.parametrize(
     ("env", "needle"),
     [
-        ({"PROFILE": "dflash-tp4-dcp4"}, "required variable IMAGE is missing a value"),
-        ({"IMAGE": TEST_DIGEST}, "required variable PROFILE is missing a value"),
+        (runtime_env("dflash-tp4-dcp4"), "required variable IMAGE is missing a value"),
+        (
+            {"IMAGE": TEST_DIGEST, "SHM_SIZE": "64gb", "HEALTH_START_PERIOD": "2400s"},
+            "required variable PROFILE is missing a value",
+        ),
+        (
+            {"IMAGE": TEST_DIGEST, "PROFILE": "dflash-tp4-dcp4"},
+            "required variable SHM_SIZE is missing a value",
+        ),
     ],
 )
 def test_compose_fails_clearly_without_required_variables(env, needle):
@@ -110,7 +127,10 @@ def test_up_resolves_the_profile_image_by_digest(capsys, monkeypatch):
     monkeypatch.delenv("IMAGE", raising=False)
     assert main(["up", "dflash-tp4-dcp4", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"PROFILE=dflash-tp4-dcp4 IMAGE={QUALIFIED} docker compose -f ")
+    assert out.startswith(
+        f"PROFILE=dflash-tp4-dcp4 SHM_SIZE=64gb HEALTH_START_PERIOD=2400s IMAGE={QUALIFIED} "
+        "docker compose -f "
+    )
     assert out.rstrip().endswith("compose.yaml up --detach")
 
 

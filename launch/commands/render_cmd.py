@@ -1,24 +1,73 @@
-"""`python -m launch render PROFILE`: the exact command and environment, without starting it."""
+"""`python -m launch render PROFILE`: what would run, without starting it.
+
+`--format text` (default) is a copyable shell rendering, `json` the plan for machines,
+`compose` a compose file of one replica per `--gpu-sets` entry behind vLLM's router, and `k8s`
+Kubernetes manifests for `--replicas` pods behind the router. Compose and Kubernetes output
+reference images by digest only.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+
+import yaml
 
 from launch.commands.common import add_profile_arguments, plan_from_args
-from launch.render import format_plan
+from launch.errors import ProfileError
+from launch.image_lock import LOCK_PATH, resolve_image
+from launch.render import Plan, format_plan
+from launch.scale import compose_replicas, k8s_manifests, parse_gpu_sets
 
 NAME = "render"
+BASE_COMPOSE = LOCK_PATH.parent / "compose.yaml"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(NAME, help="print the vllm serve command a profile runs")
     add_profile_arguments(parser)
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--json", action="store_true", help="same as --format json")
+    parser.add_argument("--format", choices=["text", "json", "compose", "k8s"], default="text")
+    parser.add_argument(
+        "--gpu-sets",
+        default=os.environ.get("GPU_SETS"),
+        help='compose: one replica per set, e.g. "0,1,2,3 4,5,6,7" (GPU_SETS)',
+    )
+    parser.add_argument("--replicas", type=int, default=1, help="k8s: number of vLLM pods")
+    parser.add_argument(
+        "--host-port",
+        type=int,
+        default=int(os.environ.get("HOST_PORT", "8000")),
+        help="compose: the router's host port; replica i gets port + 1 + i",
+    )
+    parser.add_argument("--bind", default=os.environ.get("BIND_ADDRESS", "127.0.0.1"))
     return parser
+
+
+def compose_document(plan: Plan, gpu_sets: str | None, host_port: int, bind: str) -> dict:
+    """The replica compose file for `plan`, from the base compose file as written."""
+    default = ",".join(map(str, plan.profile.deployment.gpu_devices))
+    sets = parse_gpu_sets(gpu_sets or default, plan)
+    base = yaml.safe_load(BASE_COMPOSE.read_text(encoding="utf-8"))
+    return compose_replicas(plan, sets, base=base, host_port=host_port, bind=bind)
 
 
 def run(args: argparse.Namespace) -> int:
     plan = plan_from_args(args)
-    print(json.dumps(plan.to_json(), indent=2) if args.json else format_plan(plan))
+    fmt = "json" if args.json else args.format
+    if fmt == "text":
+        print(format_plan(plan))
+    elif fmt == "json":
+        print(json.dumps(plan.to_json(), indent=2))
+    elif fmt == "compose":
+        doc = compose_document(plan, args.gpu_sets, args.host_port, args.bind)
+        print(yaml.safe_dump(doc, sort_keys=False), end="")
+    else:
+        if args.replicas < 1:
+            raise ProfileError("--replicas", args.replicas, "must be at least 1", "e.g. 2")
+        image = resolve_image(plan.profile.deployment.image, os.environ)
+        router = resolve_image("kit", os.environ, override_var="ROUTER_IMAGE")
+        docs = k8s_manifests(plan, image, router, args.replicas)
+        print(yaml.safe_dump_all(docs, sort_keys=False), end="")
     return 0

@@ -1,0 +1,190 @@
+"""Several four-GPU replicas behind vLLM's router: compose services and Kubernetes manifests.
+
+Both are rendered from the same plan (profile + overrides), so what they share (the profile,
+port, shared-memory size, start-up budget, image digest) is written once. Pure functions: they
+return plain data that the commands print or write.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from launch.errors import ProfileError
+from launch.render import Plan
+
+ROUTER_PORT = 8000
+ROUTER_POLICY = "cache_aware"  # prefix-aware routing keeps a conversation's KV cache warm
+HF_SECRET = "hf-token"
+PROBE_PERIOD_S = 10
+
+
+def parse_gpu_sets(text: str, plan: Plan) -> list[tuple[int, ...]]:
+    """`"0,1,2,3 4,5,6,7"` -> GPU sets, each TP x PP GPUs, no GPU in two sets."""
+    e = plan.profile.engine
+    need = e.tensor_parallel_size * e.pipeline_parallel_size
+    sets: list[tuple[int, ...]] = []
+    for word in text.split():
+        try:
+            gpus = tuple(int(g) for g in word.split(",") if g)
+        except ValueError:
+            gpus = ()
+        if len(gpus) != need or any(g < 0 for g in gpus) or len(set(gpus)) != len(gpus):
+            raise ProfileError(
+                "GPU_SETS",
+                text,
+                f"set {word!r} must list {need} distinct GPU indices (TP x PP)",
+                'e.g. GPU_SETS="0,1,2,3 4,5,6,7"',
+            )
+        sets.append(gpus)
+    used = [g for s in sets for g in s]
+    if not sets or len(used) != len(set(used)):
+        raise ProfileError(
+            "GPU_SETS",
+            text,
+            "must name at least one set and use each GPU once",
+            'e.g. GPU_SETS="0,1,2,3 4,5,6,7"',
+        )
+    return sets
+
+
+def replica_runtime_env(plan: Plan) -> dict[str, str]:
+    """What compose interpolates from the profile (the base service reads these)."""
+    d = plan.profile.deployment
+    return {
+        "PROFILE": plan.profile.name,
+        "SHM_SIZE": f"{d.shm_size_gib}gb",
+        "HEALTH_START_PERIOD": f"{d.startup_budget_s}s",
+    }
+
+
+def compose_replicas(plan: Plan, gpu_sets: list[tuple[int, ...]], *, base: dict[str, Any],
+                     host_port: int, bind: str) -> dict[str, Any]:  # fmt: skip
+    """A compose file: one copy of the base `vllm` service per GPU set, and the router.
+
+    Replica i publishes `host_port + 1 + i` (for a per-replica smoke check); the router publishes
+    `host_port`, the port users call, and starts once every replica is healthy. Everything else
+    is the base service as written in compose/compose.yaml.
+    """
+    port = plan.profile.deployment.port
+    services: dict[str, Any] = {}
+    for i, gpus in enumerate(gpu_sets):
+        service = copy.deepcopy(base["services"]["vllm"])
+        service["ports"] = [f"{bind}:{host_port + 1 + i}:{port}"]
+        for device in service["deploy"]["resources"]["reservations"]["devices"]:
+            device["device_ids"] = [",".join(map(str, gpus))]
+        services[f"vllm-{i}"] = service
+    services["router"] = {
+        "image": "${ROUTER_IMAGE:?ROUTER_IMAGE is set by make up from KIT_IMAGE (vllm-router)}",
+        "command": router_argv([f"http://vllm-{i}:{port}" for i in range(len(gpu_sets))]),
+        "ports": [f"{bind}:{host_port}:{ROUTER_PORT}"],
+        "depends_on": {f"vllm-{i}": {"condition": "service_healthy"}
+                       for i in range(len(gpu_sets))},
+        "init": True,
+    }  # fmt: skip
+    return {"name": base["name"], "services": services, "volumes": copy.deepcopy(base["volumes"])}
+
+
+def router_argv(workers: list[str]) -> list[str]:
+    return [
+        "vllm-router", "--host", "0.0.0.0", "--port", str(ROUTER_PORT),
+        "--policy", ROUTER_POLICY, "--worker-urls", *workers,
+    ]  # fmt: skip
+
+
+def _probe(path: str, port: int, failures: int, period: int = PROBE_PERIOD_S) -> dict[str, Any]:
+    return {"httpGet": {"path": path, "port": port}, "periodSeconds": period,
+            "timeoutSeconds": 5, "failureThreshold": failures}  # fmt: skip
+
+
+def k8s_manifests(plan: Plan, image: str, router_image: str, replicas: int) -> list[dict]:
+    """StatefulSet of `replicas` vLLM pods, their headless Service, the router and its Service."""
+    p = plan.profile
+    d, e = p.deployment, p.engine
+    name = f"glm53-{p.name}"
+    labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/component": "vllm"}
+    gpus = e.tensor_parallel_size * e.pipeline_parallel_size
+    env = [{"name": k, "value": v} for k, v in plan.env.items() if k != "CUDA_VISIBLE_DEVICES"]
+    env += [
+        {"name": "GPUS_FROM_RUNTIME", "value": "1"},
+        {"name": "HF_HOME", "value": "/hf"},
+        {"name": "XDG_CACHE_HOME", "value": "/cache"},
+        {"name": "VLLM_CACHE_ROOT", "value": "/cache/vllm"},
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": HF_SECRET, "key": "token",
+                                                             "optional": True}}},
+    ]  # fmt: skip
+    pod = {
+        "metadata": {"labels": labels},
+        "spec": {
+            "containers": [{
+                "name": "vllm",
+                "image": image,
+                "command": ["python", "-m", "launch", "run"],
+                "args": [p.name],
+                "env": env,
+                "ports": [{"name": "http", "containerPort": d.port}],
+                "resources": {"limits": {"nvidia.com/gpu": gpus},
+                              "requests": {"nvidia.com/gpu": gpus}},
+                "startupProbe": _probe("/health", d.port, d.startup_budget_s // PROBE_PERIOD_S),
+                "readinessProbe": _probe("/health", d.port, 3),
+                "livenessProbe": _probe("/health", d.port, 3, period=30),
+                "volumeMounts": [
+                    {"name": "dshm", "mountPath": "/dev/shm"},
+                    {"name": "hf-cache", "mountPath": "/hf"},
+                    {"name": "jit-cache", "mountPath": "/cache"},
+                ],
+            }],
+            "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory",
+                                                      "sizeLimit": f"{d.shm_size_gib}Gi"}}],
+        },
+    }  # fmt: skip
+
+    def claim(claim_name: str, size: str) -> dict[str, Any]:
+        return {"metadata": {"name": claim_name},
+                "spec": {"accessModes": ["ReadWriteOnce"],
+                         "resources": {"requests": {"storage": size}}}}  # fmt: skip
+
+    statefulset = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "serviceName": name,
+            "replicas": replicas,
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": labels},
+            "template": pod,
+            "volumeClaimTemplates": [claim("hf-cache", "200Gi"), claim("jit-cache", "50Gi")],
+        },
+    }
+    headless = {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"clusterIP": "None", "selector": labels,
+                 "ports": [{"name": "http", "port": d.port, "targetPort": d.port}]},
+    }  # fmt: skip
+    workers = [f"http://{name}-{i}.{name}:{d.port}" for i in range(replicas)]
+    router_labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/component": "router"}
+    router = {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": f"{name}-router", "labels": router_labels},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": router_labels},
+            "template": {"metadata": {"labels": router_labels}, "spec": {"containers": [{
+                "name": "router",
+                "image": router_image,
+                "command": router_argv(workers),
+                "ports": [{"name": "http", "containerPort": ROUTER_PORT}],
+                "readinessProbe": _probe("/health", ROUTER_PORT, 3),
+                "livenessProbe": _probe("/health", ROUTER_PORT, 3, period=30),
+            }]}},
+        },
+    }  # fmt: skip
+    router_service = {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": f"{name}-router", "labels": router_labels},
+        "spec": {"selector": router_labels,
+                 "ports": [{"name": "http", "port": 80, "targetPort": ROUTER_PORT}]},
+    }  # fmt: skip
+    return [statefulset, headless, router, router_service]

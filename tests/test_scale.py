@@ -1,0 +1,169 @@
+"""Scale-out: Kubernetes manifests validate offline; vLLM's router runs for real on 127.0.0.1
+in front of two stand-in replicas; the compose file with two GPU sets validates."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from launch.__main__ import main as launch_main
+from smoke.__main__ import main as smoke_main
+from tests.standin import StandIn
+from tests.test_image_compose import compose_config, runtime_env
+
+BIN = Path(sys.executable).parent
+DIGEST = "registry.example/kit/glm53@sha256:" + "ab" * 32
+ROUTER_DIGEST = "registry.example/kit/glm53@sha256:" + "cd" * 32
+
+
+def render(capsys, monkeypatch, *argv: str) -> str:
+    monkeypatch.setenv("IMAGE", DIGEST)
+    monkeypatch.setenv("ROUTER_IMAGE", ROUTER_DIGEST)
+    capsys.readouterr()
+    assert launch_main(["render", *argv]) == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["dflash-tp4-dcp4", "mtp3-tp4-split"])
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_k8s_manifests_validate_and_carry_gpus_digest_probes_secret(
+    tmp_path, capsys, monkeypatch, name, replicas
+):
+    text = render(capsys, monkeypatch, name, "--format", "k8s", "--replicas", str(replicas))
+    path = tmp_path / "manifests.yaml"
+    path.write_text(text)
+    result = subprocess.run([str(BIN / "kubernetes-validate"), "--strict", str(path)],
+                            capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("passed for resource") == 4
+    sts, headless, router, router_svc = yaml.safe_load_all(text)
+    assert (sts["kind"], headless["kind"], router["kind"], router_svc["kind"]) == (
+        "StatefulSet",
+        "Service",
+        "Deployment",
+        "Service",
+    )
+    assert sts["spec"]["replicas"] == replicas
+    pod = sts["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["image"] == DIGEST and container["args"] == [name]
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": 4}
+    assert container["startupProbe"]["httpGet"] == {"path": "/health", "port": 8000}
+    startup = container["startupProbe"]
+    assert startup["failureThreshold"] * startup["periodSeconds"] == 2400
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health"
+    hf_token = next(e for e in container["env"] if e["name"] == "HF_TOKEN")
+    assert hf_token["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token",
+                                                      "optional": True}  # fmt: skip
+    assert pod["volumes"][0]["emptyDir"] == {"medium": "Memory", "sizeLimit": "64Gi"}
+    assert [c["metadata"]["name"] for c in sts["spec"]["volumeClaimTemplates"]] == [
+        "hf-cache",
+        "jit-cache",
+    ]
+    router_container = router["spec"]["template"]["spec"]["containers"][0]
+    assert router_container["image"] == ROUTER_DIGEST
+    workers = router_container["command"][router_container["command"].index("--worker-urls") + 1 :]
+    assert workers == [f"http://glm53-{name}-{i}.glm53-{name}:8000" for i in range(replicas)]
+
+
+def test_compose_with_two_gpu_sets_shows_two_replicas_and_the_router(tmp_path, capsys, monkeypatch):
+    text = render(capsys, monkeypatch, "dflash-tp4-dcp4", "--format", "compose",
+                  "--gpu-sets", "0,1,2,3 4,5,6,7")  # fmt: skip
+    path = Path(__file__).resolve().parent.parent / "compose" / "replicas.test.yaml"
+    path.write_text(text)
+    try:
+        result = compose_config({**runtime_env("dflash-tp4-dcp4"), "IMAGE": DIGEST,
+                                 "ROUTER_IMAGE": ROUTER_DIGEST}, path)  # fmt: skip
+    finally:
+        path.unlink()
+    assert result.returncode == 0, result.stderr
+    services = json.loads(result.stdout)["services"]
+    assert sorted(services) == ["router", "vllm-0", "vllm-1"]
+    devices = [services[f"vllm-{i}"]["deploy"]["resources"]["reservations"]["devices"][0]
+               ["device_ids"] for i in range(2)]  # fmt: skip
+    assert devices == [["0,1,2,3"], ["4,5,6,7"]]
+    assert [services[f"vllm-{i}"]["ports"][0]["published"] for i in range(2)] == ["8001", "8002"]
+    assert services["router"]["ports"][0]["published"] == "8000"
+    assert services["router"]["image"] == ROUTER_DIGEST
+    assert set(services["router"]["depends_on"]) == {"vllm-0", "vllm-1"}
+    assert all(d["condition"] == "service_healthy"
+               for d in services["router"]["depends_on"].values())  # fmt: skip
+
+
+def test_bad_gpu_sets_exit_2(capsys, monkeypatch):
+    monkeypatch.setenv("IMAGE", DIGEST)
+    for sets in ("0,1,2 3,4,5", "0,1,2,3 3,4,5,6", "0,1,2,x"):
+        assert launch_main(["render", "dflash-tp4-dcp4", "--format", "compose",
+                            "--gpu-sets", sets]) == 2  # fmt: skip
+        assert "GPU_SETS=" in capsys.readouterr().err
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def router(workers: list[str]) -> Iterator[str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(BIN / "vllm-router"), "--host", "127.0.0.1", "--port", str(port), "--policy",
+         "round_robin", "--worker-urls", *workers, "--health-check-interval-secs", "1",
+         "--health-failure-threshold", "1", "--worker-startup-timeout-secs", "20"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if requests.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            assert time.monotonic() < deadline, "router did not come up"
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def ask(url: str) -> int:
+    body = {"model": "local-inference-lab/GLM-5.3-Flash-NVFP4", "max_tokens": 16,
+            "messages": [{"role": "user", "content": "Reply with exactly READY"}]}  # fmt: skip
+    return requests.post(f"{url}/v1/chat/completions", json=body, timeout=10).status_code
+
+
+def test_router_spreads_requests_and_survives_a_dead_replica(capsys):
+    a, b = StandIn(), StandIn()
+    a.__enter__()
+    with b, router([a.url, b.url]) as url:
+        assert [ask(url) for _ in range(6)] == [200] * 6
+        assert a.chat_requests > 0 and b.chat_requests > 0
+        a.__exit__(None, None, None)  # replica 0 dies
+        time.sleep(3)
+        before = b.chat_requests
+        assert [ask(url) for _ in range(6)] == [200] * 6
+        assert b.chat_requests - before == 6
+
+
+def test_smoke_check_passes_through_the_router_and_on_each_replica(capsys):
+    with StandIn() as a, StandIn() as b, router([a.url, b.url]) as url:
+        for target in (url, a.url, b.url):
+            code = smoke_main(["check", "--profile", "mtp3-tp4-split", "--url", target,
+                               "--no-log", "--timeout", "10", "--json"])  # fmt: skip
+            verdict = json.loads(capsys.readouterr().out)
+            assert code == 0, verdict
