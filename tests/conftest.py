@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import socket
+import time
 from pathlib import Path
 
 import pytest
+import requests
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
@@ -14,6 +17,26 @@ FIXTURE_LOGS = SHARED / "fixtures" / "vllm-logs"
 # tests/planner runs in its own pytest process against the patched vLLM copy
 # (`make test` sets KIT_PATCHED_VLLM and PYTHONPATH); one process cannot import two vLLMs.
 collect_ignore = [] if os.environ.get("KIT_PATCHED_VLLM") else ["planner"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http_ok(url: str, timeout: float = 30.0) -> None:
+    """Poll `url` until it answers 200; fail the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if requests.get(url, timeout=1).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        assert time.monotonic() < deadline, f"{url} did not answer 200 within {timeout:.0f} s"
+        time.sleep(0.2)
 
 
 @pytest.fixture

@@ -7,23 +7,15 @@ the fixture. The digest `pin` writes must be the one the registry reports to sko
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import requests
 
-from tests.conftest import REPO
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.conftest import REPO, free_port, wait_http_ok
 
 
 @pytest.fixture
@@ -39,15 +31,7 @@ def registry(tmp_path: Path) -> Iterator[str]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     address = f"127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if requests.get(f"http://{address}/v2/", timeout=1).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            assert time.monotonic() < deadline, "registry did not start"
-            time.sleep(0.2)
+        wait_http_ok(f"http://{address}/v2/", timeout=20)
         yield address
     finally:
         proc.terminate()

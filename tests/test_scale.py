@@ -4,7 +4,6 @@ in front of two stand-in replicas; the compose file with two GPU sets validates.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import yaml
 
 from launch.__main__ import main as launch_main
 from smoke.__main__ import main as smoke_main
+from tests.conftest import free_port, wait_http_ok
 from tests.standin import StandIn
 from tests.test_image_compose import compose_config, runtime_env
 
@@ -109,12 +109,6 @@ def test_bad_gpu_sets_exit_2(capsys, monkeypatch):
         assert "GPU_SETS=" in capsys.readouterr().err
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def router(workers: list[str]) -> Iterator[str]:
     port = free_port()
@@ -126,15 +120,7 @@ def router(workers: list[str]) -> Iterator[str]:
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if requests.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            assert time.monotonic() < deadline, "router did not come up"
-            time.sleep(0.3)
+        wait_http_ok(f"{url}/health")
         yield url
     finally:
         proc.terminate()
