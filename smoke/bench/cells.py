@@ -126,7 +126,7 @@ async def decode_cell(target: Target, settings: Settings, concurrency: int, dura
     started = [r for r in results if t0 <= r.t_sent <= t1]
     ttft = [r.t_first - r.t_sent for r in started if r.t_first is not None]
     itl = [gap for r in results for gap in itl_in_window(r, t0, t1)]
-    failed = [r for r in results if r.error and not r.error.startswith("cancelled")]
+    failed = [r for r in results if r.error and not r.cancelled]
     tok_s = tokens / window
     accept = acceptance_length(before, after)
     return {

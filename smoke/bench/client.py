@@ -54,6 +54,7 @@ class StreamResult:
     t_end: float | None = None
     status: int | None = None
     done: bool = False
+    cancelled: bool = False  # stopped by the caller (a bench window ended), not a failure
     error: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int = 0
@@ -189,7 +190,8 @@ async def stream_chat(
     except OSError as err:
         result.error = f"connection failed: {err.strerror or err}"
     except asyncio.CancelledError:
-        result.error = result.error or "cancelled at the end of the window"
+        # The caller stopped it; closing the connection may already have reported the cut.
+        result.cancelled = True
         raise
     finally:
         if transport is not None:
