@@ -14,7 +14,9 @@ from pathlib import Path
 
 from launch.errors import ProfileError
 
-LOCK_PATH = Path(__file__).resolve().parent.parent / "compose" / "images.lock"
+COMPOSE_DIR = Path(__file__).resolve().parent.parent / "compose"
+COMPOSE_FILE = COMPOSE_DIR / "compose.yaml"
+LOCK_PATH = COMPOSE_DIR / "images.lock"
 SOURCES = {"kit": "KIT_IMAGE", "qualified": "QUALIFIED_IMAGE"}
 """Image sources a profile can run (`deployment.image`) -> lock key."""
 PIN_KEYS = {**SOURCES, "base": "BASE_IMAGE"}

@@ -9,7 +9,7 @@ twice.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 GLM53_ARCHITECTURE = "Glm5NextForConditionalGeneration"
@@ -130,21 +130,11 @@ class Expect:
 
     def set_fields(self) -> list[str]:
         """Names of the expectations this profile makes (sources excluded)."""
-        return [name for name in EXPECT_FIELDS if getattr(self, name) not in (None, (), {})]
-
-
-EXPECT_FIELDS = (
-    "kv_cache_tokens",
-    "kv_cache_tokens_min",
-    "kv_blocks",
-    "max_concurrency_min",
-    "block_sizes",
-    "page_bytes",
-    "cache_group_cp_sizes",
-    "cudagraph_mode",
-    "decode_graph_max_batch",
-    "backends",
-)
+        return [
+            f.name
+            for f in fields(self)
+            if f.name != "sources" and getattr(self, f.name) not in (None, (), {})
+        ]
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from launch.image_lock import PIN_KEYS, read_lock, resolve_image
 from smoke.bench import receipt as receipts
 from smoke.bench.cells import BenchError, Settings, decode_cell, parity_cell, prefill_cell
 from smoke.bench.client import Target
-from smoke.logparse import LogParser
+from smoke.logparse import parse_lines
 
 NAME = "bench"
 
@@ -83,11 +83,8 @@ def _log_facts(path: Path | None) -> dict[str, Any] | None:
         return None
     if not path.is_file():
         raise ProfileError("--log", str(path), "is not a readable file", "pass the server log")
-    parser = LogParser()
     with path.open(encoding="utf-8", errors="replace", newline="") as fh:
-        for line in fh:
-            parser.feed(line)
-    facts = parser.result()
+        facts = parse_lines(fh)
     keys = ("engine_version", "gpu_names", "kv_cache_tokens", "max_concurrency",
             "max_concurrency_tokens", "kv_geometry", "backends", "startup_failed")  # fmt: skip
     return {key: facts.get(key) for key in keys}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from launch.commands.common import add_set_argument, build_plan
 from launch.errors import ProfileError
-from smoke.logparse import LogParser
+from smoke.logparse import parse_lines
 from smoke.verdict import exit_status, format_table, geometry_checks, to_json
 
 NAME = "geometry"
@@ -27,18 +27,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    parser = LogParser()
     if args.log == "-":
-        for line in sys.stdin:
-            parser.feed(line)
+        facts = parse_lines(sys.stdin, args.service)
     else:
         path = Path(args.log)
         if not path.is_file():
             raise ProfileError("--log", args.log, "is not a readable file", "pass a log file path")
         with path.open(encoding="utf-8", errors="replace", newline="") as fh:
-            for line in fh:
-                parser.feed(line)
-    facts = parser.result(args.service)
+            facts = parse_lines(fh, args.service)
     if not args.profile:
         print(json.dumps(facts, indent=2) if args.json else _summary(facts))
         return 0

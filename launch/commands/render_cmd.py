@@ -16,12 +16,11 @@ import yaml
 
 from launch.commands.common import add_profile_arguments, plan_from_args
 from launch.errors import ProfileError
-from launch.image_lock import LOCK_PATH, resolve_image
+from launch.image_lock import COMPOSE_FILE, resolve_image
 from launch.render import Plan, format_plan
 from launch.scale import compose_replicas, k8s_manifests, parse_gpu_sets
 
 NAME = "render"
-BASE_COMPOSE = LOCK_PATH.parent / "compose.yaml"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -49,7 +48,7 @@ def compose_document(plan: Plan, gpu_sets: str | None, host_port: int, bind: str
     """The replica compose file for `plan`, from the base compose file as written."""
     default = ",".join(map(str, plan.profile.deployment.gpu_devices))
     sets = parse_gpu_sets(gpu_sets or default, plan)
-    base = yaml.safe_load(BASE_COMPOSE.read_text(encoding="utf-8"))
+    base = yaml.safe_load(COMPOSE_FILE.read_text(encoding="utf-8"))
     return compose_replicas(plan, sets, base=base, host_port=host_port, bind=bind)
 
 

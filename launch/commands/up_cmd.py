@@ -20,13 +20,12 @@ import yaml
 from launch.commands.common import add_profile_arguments, build_plan, profile_name
 from launch.commands.render_cmd import compose_document
 from launch.errors import ProfileError
-from launch.image_lock import LOCK_PATH, read_lock, resolve_image
+from launch.image_lock import COMPOSE_DIR, COMPOSE_FILE, read_lock, resolve_image
 from launch.scale import replica_runtime_env
 
 NAME = "up"
-COMPOSE_FILE = LOCK_PATH.parent / "compose.yaml"
-REPLICAS_FILE = LOCK_PATH.parent / "replicas.generated.yaml"
-USER_ENV = LOCK_PATH.parent / ".env"
+REPLICAS_FILE = COMPOSE_DIR / "replicas.generated.yaml"
+USER_ENV = COMPOSE_DIR / ".env"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
