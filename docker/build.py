@@ -1,10 +1,18 @@
-"""`make build`: build and tag the kit's image from pinned inputs only.
+"""`make build` / `make build-cpu`: build and tag the kit's image from pinned inputs only.
 
-Refuses without a base image digest in compose/images.lock. Passes the base digest, the kit
-commit and the source-lock SHA-256 (docker/source_lock.py) as build arguments; the build writes
-the same lock to /opt/kit/source.lock and fails if it hashes differently.
+Refuses without the engine's base image digest in compose/images.lock (BASE_IMAGE for cuda,
+CPU_BASE_IMAGE for cpu). Passes the base digest, the kit commit and the source-lock SHA-256
+(docker/source_lock.py) as build arguments; the build writes the same lock to /opt/kit/source.lock
+and fails if it hashes differently. Uses the classic builder (DOCKER_BUILDKIT=0), which every
+Docker engine has.
 
-    python docker/build.py [--tag NAME:TAG] [--dry-run]
+Per-build inputs go to docker/build-inputs/ and are removed afterwards: for cpu, the torch
+2.13.0+cpu wheel (from `--torch-wheel`, or fetched by this Python's pip; the lock's hash decides
+whether the image accepts it); with `--trust-host-ca` (test builds only), the host's extra CA
+certificates, so pip in the build trusts what the host trusts.
+
+    python docker/build.py [--engine cuda|cpu] [--tag NAME:TAG] [--trust-host-ca]
+        [--torch-wheel FILE] [--allow-dirty] [--dry-run]
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -21,58 +30,179 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "docker")]
 
-from source_lock import encode, source_lock  # noqa: E402
+from source_lock import ENGINE_LOCKS, encode, source_lock  # noqa: E402
 
 from launch.errors import USAGE_EXIT, ProfileError  # noqa: E402
-from launch.image_lock import resolve_image  # noqa: E402
+from launch.image_lock import BASES, resolve_image  # noqa: E402
+
+INPUTS = ROOT / "docker" / "build-inputs"
+HOST_CA_DIR = Path("/usr/local/share/ca-certificates")
+TORCH_CPU = re.compile(
+    r"^torch==(?P<version>\S+\+cpu) \\\n(?P<hashes>(?:\s+--hash=sha256:\w+.*\n)+)", re.M
+)
 
 
-def kit_commit() -> str:
-    result = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
-                            text=True, check=False)  # fmt: skip
+def kit_commit(allow_dirty: bool) -> str:
+    result = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+    )
     if result.returncode != 0:
         raise ProfileError("git", str(ROOT), "is not a git checkout", "build from a clone")
-    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain"], capture_output=True,
-                           text=True, check=True).stdout.strip()  # fmt: skip
-    if dirty:
+    # compose/images.lock is not an input of the image (the base digest is passed and recorded in
+    # the source lock), so `make pin SOURCE=base` before `make build` does not make it dirty
+    dirty = subprocess.run(
+        ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no", "--", ".",
+         ":!compose/images.lock"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    if dirty and not allow_dirty:
         raise ProfileError(
             "git status",
-            "modified files",
-            "the image must come from a commit",
-            "commit or stash the changes, then build",
+            dirty.splitlines()[0].strip(),
+            "tracked files are modified; the image must come from a commit",
+            "commit or stash the changes, or pass --allow-dirty (the commit is then labelled "
+            "<sha>-dirty)",
         )
-    return result.stdout.strip()
+    return result.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def locked_torch(lock: Path) -> tuple[str, set[str]]:
+    """The +cpu torch version and its allowed SHA-256 hashes from the CPU lock."""
+    match = TORCH_CPU.search(lock.read_text(encoding="utf-8"))
+    if match is None:
+        raise ProfileError(str(lock), "torch", "has no torch==<version>+cpu entry", "run make lock")
+    return match.group("version"), set(re.findall(r"sha256:(\w+)", match.group("hashes")))
+
+
+def stage_torch_wheel(wheel: Path | None) -> Path:
+    """Put the locked torch wheel into build-inputs/wheels; refuse one whose hash is not locked."""
+    version, hashes = locked_torch(ROOT / ENGINE_LOCKS["cpu"])
+    dest = INPUTS / "wheels"
+    dest.mkdir(parents=True, exist_ok=True)
+    if wheel is None:
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--only-binary",
+                ":all:",
+                "--python-version",
+                "3.11",
+                "--platform",
+                "manylinux_2_28_x86_64",
+                "--dest",
+                str(dest),
+                f"torch=={version}",
+            ],
+            check=True,
+        )
+        found = sorted(dest.glob("torch-*.whl"))
+    else:
+        found = [wheel]
+    for path in found:
+        sha = hashlib.sha256(path.read_bytes()).hexdigest()
+        if sha not in hashes:
+            raise ProfileError(
+                "--torch-wheel",
+                str(path),
+                f"sha256 {sha} is not in the CPU lock for torch=={version}",
+                "give the wheel the lock names",
+            )
+        if path.parent != dest:
+            shutil.copy2(path, dest / path.name)
+    return dest
+
+
+def stage_host_ca() -> int:
+    dest = INPUTS / "ca"
+    dest.mkdir(parents=True, exist_ok=True)
+    certs = sorted(HOST_CA_DIR.glob("*.crt"))
+    for crt in certs:
+        shutil.copy2(crt, dest / crt.name)
+    return len(certs)
+
+
+def clear_inputs() -> None:
+    for child in INPUTS.iterdir():
+        if child.name != "README.md":
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+
+
+def build_argv(engine: str, tag: str, base: str, commit: str, lock_sha: str) -> list[str]:
+    return [
+        "docker",
+        "build",
+        "--tag",
+        tag,
+        "--build-arg",
+        f"ENGINE={engine}",
+        "--build-arg",
+        f"BASE_IMAGE={base}",
+        "--build-arg",
+        f"KIT_COMMIT={commit}",
+        "--build-arg",
+        f"SOURCE_LOCK_SHA256={lock_sha}",
+        str(ROOT),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tag", help="image name:tag (default glm53-kit:<commit>)")
+    parser.add_argument("--engine", choices=sorted(ENGINE_LOCKS), default="cuda")
+    parser.add_argument("--tag", help="image name:tag (default glm53-kit[-cpu]:<commit>)")
+    parser.add_argument(
+        "--trust-host-ca",
+        action="store_true",
+        help="test builds only: trust the host's extra CA certificates",
+    )
+    parser.add_argument("--torch-wheel", type=Path, help="cpu: the locked torch +cpu wheel")
+    parser.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="build from modified tracked files (labelled <sha>-dirty)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the build command only")
     args = parser.parse_args(argv)
     try:
-        base = resolve_image("base", os.environ)
-        commit = kit_commit()
+        base = resolve_image(BASES[args.engine], os.environ)
+        commit = kit_commit(args.allow_dirty)
+        if args.torch_wheel is not None and not args.torch_wheel.is_file():
+            raise ProfileError(
+                "--torch-wheel",
+                str(args.torch_wheel),
+                "is not a file",
+                "give the path of the locked torch wheel",
+            )
     except ProfileError as err:
         print(f"error: {err}", file=sys.stderr)
         return USAGE_EXIT
-    lock_sha = hashlib.sha256(encode(source_lock(ROOT, base, commit))).hexdigest()
-    tag = args.tag or f"glm53-kit:{commit[:12]}"
-    argv_build = [
-        "docker", "build", "--tag", tag,
-        "--build-arg", f"BASE_IMAGE={base}",
-        "--build-arg", f"KIT_COMMIT={commit}",
-        "--build-arg", f"SOURCE_LOCK_SHA256={lock_sha}",
-        str(ROOT),
-    ]  # fmt: skip
+    lock_sha = hashlib.sha256(encode(source_lock(ROOT, args.engine, base, commit))).hexdigest()
+    suffix = "" if args.engine == "cuda" else f"-{args.engine}"
+    tag = args.tag or f"glm53-kit{suffix}:{commit[:12]}"
+    argv_build = build_argv(args.engine, tag, base, commit, lock_sha)
     print(shlex.join(argv_build), flush=True)
     if args.dry_run:
         return 0
-    docker = shutil.which("docker")
-    if docker is None:
+    if shutil.which("docker") is None:
         print("error: docker is not on PATH", file=sys.stderr)
         return USAGE_EXIT
-    os.execv(docker, argv_build)
-    return 0  # pragma: no cover
+    clear_inputs()
+    try:
+        if args.engine == "cpu":
+            stage_torch_wheel(args.torch_wheel)
+        if args.trust_host_ca:
+            print(f"test build: trusting {stage_host_ca()} host CA certificate(s)", flush=True)
+        env = {**os.environ, "DOCKER_BUILDKIT": "0"}
+        return subprocess.run(argv_build, env=env, check=False).returncode
+    except ProfileError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return USAGE_EXIT
+    finally:
+        clear_inputs()
 
 
 if __name__ == "__main__":

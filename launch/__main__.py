@@ -1,4 +1,4 @@
-"""`python -m launch {list,render,run,up,pin}`: bad input exits 2 with one message, no start."""
+"""`python -m launch <command>`: bad input exits 2 with one message, and nothing starts."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from launch.commands import list_cmd, pin_cmd, render_cmd, run_cmd, up_cmd
+from launch.commands import configure_cmd, list_cmd, pin_cmd, render_cmd, run_cmd, up_cmd
 from launch.errors import USAGE_EXIT, ProfileError
 
-COMMANDS = (list_cmd, render_cmd, run_cmd, up_cmd, pin_cmd)
+COMMANDS = (list_cmd, render_cmd, run_cmd, configure_cmd, up_cmd, pin_cmd)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,13 +1,16 @@
 """The image lock compose reads: which image each profile runs, always by digest.
 
-`compose/images.lock` is an env file (compose reads it with `--env-file`) holding one digest
-reference per image source: `KIT_IMAGE` (this kit's image, empty until `make pin`) and
-`QUALIFIED_IMAGE` (the seed's qualified runtime). A profile names its source in
-`deployment.image`. A tag is never accepted where a digest is required: tags move.
+`compose/images.lock` is an env file holding one digest reference per image source: `KIT_IMAGE`
+(this kit's CUDA image, empty until `make pin`), `QUALIFIED_IMAGE` (the seed's qualified runtime)
+and `CPU_IMAGE` (the kit's CPU image), plus the bases the builds start from. A profile names its
+source in `deployment.image`. A tag is never accepted where a digest is required: tags move.
+`KIT_IMAGES_LOCK` points every command at another lock file (the e2e run pins into a copy, so a
+checkout's tracked lock is never rewritten by a test).
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,11 +19,13 @@ from launch.errors import ProfileError
 
 COMPOSE_DIR = Path(__file__).resolve().parent.parent / "compose"
 COMPOSE_FILE = COMPOSE_DIR / "compose.yaml"
-LOCK_PATH = COMPOSE_DIR / "images.lock"
-SOURCES = {"kit": "KIT_IMAGE", "qualified": "QUALIFIED_IMAGE"}
+LOCK_PATH = Path(os.environ.get("KIT_IMAGES_LOCK") or COMPOSE_DIR / "images.lock")
+SOURCES = {"kit": "KIT_IMAGE", "qualified": "QUALIFIED_IMAGE", "cpu": "CPU_IMAGE"}
 """Image sources a profile can run (`deployment.image`) -> lock key."""
-PIN_KEYS = {**SOURCES, "base": "BASE_IMAGE"}
-"""Everything `make pin` can write: the profile images and the build's CUDA base image."""
+BASES = {"cuda": "base", "cpu": "cpu-base"}
+"""Image engine (docker/build.py --engine) -> the pin source of the base it is built from."""
+PIN_KEYS = {**SOURCES, "base": "BASE_IMAGE", "cpu-base": "CPU_BASE_IMAGE"}
+"""Everything `make pin` can write: the profile images and the builds' base images."""
 DIGEST_REF = re.compile(
     r"^(?P<name>[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*)"
     r"@(?P<digest>sha256:[0-9a-f]{64})$"
@@ -32,14 +37,19 @@ def is_digest_ref(ref: str) -> bool:
     return DIGEST_REF.match(ref) is not None
 
 
-def read_lock(path: Path = LOCK_PATH) -> dict[str, str]:
-    """KEY=VALUE lines of an env file (the lock, or compose/.env); comments ignored."""
+def parse_env(lines: list[str]) -> dict[str, str]:
+    """KEY=VALUE lines of an env file; comments and blank lines ignored."""
     values: dict[str, str] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in lines:
         match = _LINE.match(line.strip())
         if match:
             values[match.group("key")] = match.group("value")
     return values
+
+
+def read_lock(path: Path = LOCK_PATH) -> dict[str, str]:
+    """KEY=VALUE lines of an env file (the lock, or compose/.env)."""
+    return parse_env(path.read_text(encoding="utf-8").splitlines())
 
 
 def write_lock(updates: Mapping[str, str], path: Path = LOCK_PATH) -> None:

@@ -22,13 +22,21 @@ from launch.validate import validate
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 
-# Expectation -> the profile paths whose change makes it inapplicable. Capacity moves with nearly
-# every engine or feature setting, so any change there drops the capacity figures.
+# Engine settings that change what the API calls the model, not what the engine computes: they
+# never invalidate an expectation.
+NEUTRAL_ENGINE_PATHS = ("engine.served_model_name",)
+# Capacity moves with nearly every engine or feature setting, so any other change there drops
+# the capacity figures.
+CAPACITY = ("engine.", "features.")
+
+# Expectation -> the profile paths whose change makes it inapplicable.
 EXPECT_DEPENDS: dict[str, tuple[str, ...]] = {
-    "kv_cache_tokens": ("engine.", "features."),
-    "kv_cache_tokens_min": ("engine.", "features."),
-    "kv_blocks": ("engine.", "features."),
-    "max_concurrency_min": ("engine.", "features."),
+    "engine_version": (),
+    "kv_cache_tokens": CAPACITY,
+    "kv_cache_tokens_min": CAPACITY,
+    "kv_blocks": CAPACITY,
+    "max_concurrency_min": CAPACITY,
+    "max_concurrency_tokens": CAPACITY,
     "block_sizes": (
         "engine.tensor_parallel_size",
         "engine.decode_context_parallel_size",
@@ -63,12 +71,21 @@ EXPECT_DEPENDS: dict[str, tuple[str, ...]] = {
 }
 
 
+def invalidated_by(field: str, path: str) -> bool:
+    """Whether changing profile `path` makes expectation `field` inapplicable."""
+    if path.startswith(NEUTRAL_ENGINE_PATHS):
+        return False
+    return bool(EXPECT_DEPENDS[field]) and path.startswith(EXPECT_DEPENDS[field])
+
+
 @dataclass(frozen=True)
 class Loaded:
     """A validated profile and how it differs from the qualified one."""
 
     profile: Profile
     deviations: tuple[str, ...]
+    placement: tuple[str, ...] = ()
+    """Changes of where the server runs (GPU selection, ports, ...): shown, never unqualifying."""
 
 
 def profile_names() -> list[str]:
@@ -103,13 +120,17 @@ def drop_expectations(expect: Expect, reasons: dict[str, str]) -> Expect:
 
 
 def load(name: str, overrides: Iterable[Override] = ()) -> Loaded:
-    """Read, override, build and validate a profile; the one entry point for launch and smoke."""
-    raw, deviations = apply(read_raw(name), overrides)
-    profile = validate(build(Profile, raw, ""))
+    """Read, override, build and validate a profile; the one entry point for launch and smoke.
+
+    Expectations an override invalidates are dropped before validation, so the rules on the
+    expect section judge only what will be checked.
+    """
+    raw, deviations, placement = apply(read_raw(name), overrides)
+    profile = build(Profile, raw, "")
     changed = [d.split(":", 1)[0] for d in deviations]
     reasons = {}
     for field in profile.expect.set_fields():
-        paths = [path for path in changed if path.startswith(EXPECT_DEPENDS[field])]
+        paths = [path for path in changed if invalidated_by(field, path)]
         if paths:
             reasons[field] = f"{', '.join(paths)} overridden"
     if reasons:
@@ -118,4 +139,4 @@ def load(name: str, overrides: Iterable[Override] = ()) -> Loaded:
             *deviations,
             *(f"expect.{field} not checked: {why}" for field, why in sorted(reasons.items())),
         ]
-    return Loaded(profile, tuple(deviations))
+    return Loaded(validate(profile), tuple(deviations), tuple(placement))

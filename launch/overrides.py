@@ -55,6 +55,17 @@ ENV_OVERRIDES: dict[str, str] = {
     "FALLBACKS": "deployment.fallbacks",
 }
 
+# Where and how the container runs, not what the engine computes: changing one is shown, but
+# never makes a run unqualified (the image, fallbacks and floating revisions do).
+PLACEMENT_PATHS = (
+    "deployment.gpu_devices",
+    "deployment.gpus_from_runtime",
+    "deployment.host",
+    "deployment.port",
+    "deployment.shm_size_gib",
+    "deployment.startup_budget_s",
+)
+
 # Paths a user may not override: they name the profile or its evidence, not a setting.
 _FIXED_PREFIXES = ("name", "summary", "sources", "expect", "architecture")
 
@@ -73,10 +84,11 @@ def settable_paths() -> list[str]:
     return [p for p in field_paths(Profile) if not p.startswith(_FIXED_PREFIXES)]
 
 
-def from_environment(environ: Mapping[str, str]) -> list[Override]:
-    """Overrides from the known environment variable names present in `environ`."""
+def from_environment(environ: Mapping[str, str], origin: str = "environment") -> list[Override]:
+    """Overrides from the known variable names present in `environ` (the process environment,
+    or the user's lines of compose/.env with origin "compose/.env")."""
     return [
-        Override(path, environ[name], f"environment {name}")
+        Override(path, environ[name], f"{origin} {name}")
         for name, path in ENV_OVERRIDES.items()
         if name in environ
     ]
@@ -105,10 +117,12 @@ def from_set_args(items: Iterable[str]) -> list[Override]:
 
 def apply(
     raw: Mapping[str, Any], overrides: Iterable[Override]
-) -> tuple[dict[str, Any], list[str]]:
-    """Apply overrides to raw profile data; return the new data and human deviation lines."""
+) -> tuple[dict[str, Any], list[str], list[str]]:
+    """Apply overrides to raw profile data; return the new data, the deviations from the
+    qualified profile and the placement changes (`PLACEMENT_PATHS`), as human lines."""
     data: dict[str, Any] = copy.deepcopy(dict(raw))
     deviations: list[str] = []
+    placement: list[str] = []
     for ov in overrides:
         value = parse_text(hint_at(Profile, ov.path), ov.text, f"{ov.origin} ({ov.path})")
         parts = ov.path.split(".")
@@ -123,8 +137,9 @@ def apply(
         if old == value or (isinstance(old, list) and value == list(old)):
             continue
         node[parts[-1]] = value
-        deviations.append(f"{ov.path}: {_show(old)} -> {_show(value)} (from {ov.origin})")
-    return data, deviations
+        line = f"{ov.path}: {_show(old)} -> {_show(value)} (from {ov.origin})"
+        (placement if ov.path in PLACEMENT_PATHS else deviations).append(line)
+    return data, deviations, placement
 
 
 def _show(value: Any) -> str:

@@ -42,6 +42,7 @@ class EngineArgs:
 
     model: str
     revision: str | None = None
+    dtype: str | None = None
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     decode_context_parallel_size: int = 1
@@ -58,6 +59,7 @@ class EngineArgs:
     linear_backend: str | None = None
     kda_prefill_backend: str | None = None
     served_model_name: str | None = None
+    enforce_eager: bool | None = None
     compilation_config: CompilationConfig | None = None
     speculative_config: SpeculativeConfig | None = None
     additional_config: dict[str, Any] | None = None
@@ -66,6 +68,11 @@ class EngineArgs:
     def model_id(self) -> str:
         """The id `/v1/models` reports: the served name if set, else the model repository."""
         return self.served_model_name or self.model
+
+    @property
+    def model_is_local(self) -> bool:
+        """The model is a directory in the image (an absolute path), not a Hub repository."""
+        return self.model.startswith("/")
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,8 @@ class Features:
 class Deployment:
     """Where and how the server runs; nothing here changes what the model computes."""
 
+    device: str = "cuda"
+    """`cuda` (GPUs reserved through the NVIDIA runtime) or `cpu` (vLLM's CPU build, no GPU)."""
     gpu_devices: tuple[int, ...] = (0, 1, 2, 3)
     gpus_from_runtime: bool = False
     """The container runtime already selected the GPUs (compose `device_ids`): inside the
@@ -116,10 +125,14 @@ class Expect:
     Every value set here is cited in `sources` (field name -> where the number comes from).
     """
 
+    engine_version: str | None = None
     kv_cache_tokens: int | None = None
     kv_cache_tokens_min: int | None = None
     kv_blocks: int | None = None
     max_concurrency_min: float | None = None
+    max_concurrency_tokens: int | None = None
+    """The request length `max_concurrency_min` refers to (vLLM reports concurrency for
+    max_model_len tokens per request); required with the floor."""
     block_sizes: dict[str, int] | None = None
     page_bytes: dict[str, int] | None = None
     cache_group_cp_sizes: tuple[int, ...] | None = None

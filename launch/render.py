@@ -35,6 +35,7 @@ class Plan:
     env: dict[str, str]
     deviations: tuple[str, ...]
     checked_against: str | None
+    placement: tuple[str, ...] = ()
 
     @property
     def qualified(self) -> bool:
@@ -47,6 +48,7 @@ class Plan:
             "env": dict(self.env),
             "expect": to_plain(self.profile.expect),
             "deviations": list(self.deviations),
+            "placement": list(self.placement),
             "qualified": self.qualified,
             "checked_against": self.checked_against,
         }
@@ -102,10 +104,11 @@ def render(loaded: Loaded, resolution: Resolution) -> Plan:
         *(flag("host"), p.deployment.host, flag("port"), str(p.deployment.port)),
     ]
     env = {}
-    if not p.deployment.gpus_from_runtime:
+    if p.deployment.device == "cuda" and not p.deployment.gpus_from_runtime:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, p.deployment.gpu_devices))
     env.update(feature_env(p.features))
-    return Plan(p, tuple(argv), env, tuple(deviations), resolution.checked_against)
+    return Plan(p, tuple(argv), env, tuple(deviations), resolution.checked_against,
+                loaded.placement)  # fmt: skip
 
 
 def format_plan(plan: Plan) -> str:
@@ -120,6 +123,9 @@ def format_plan(plan: Plan) -> str:
     else:
         lines.append("# DEVIATIONS from the qualified profile:")
         lines += [f"#   {d}" for d in plan.deviations]
+    if plan.placement:
+        lines.append("# placement (where it runs; does not affect qualification):")
+        lines += [f"#   {d}" for d in plan.placement]
     expect = to_plain(plan.profile.expect)
     expect.pop("sources", None)
     lines.append(f"# expect: {json.dumps(expect, separators=(', ', ': '))}")

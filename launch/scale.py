@@ -48,6 +48,25 @@ def parse_gpu_sets(text: str, plan: Plan) -> list[tuple[int, ...]]:
     return sets
 
 
+def cpu_replicas(count: int | None, plan: Plan) -> list[tuple[int, ...]]:
+    """`--replicas N` for a CPU profile: N replicas, none holding a GPU."""
+    if plan.profile.deployment.device != "cpu":
+        raise ProfileError(
+            "--replicas", count, "sets the replica count of CPU profiles only",
+            'give GPU profiles one GPU set per replica: --gpu-sets "0,1,2,3 4,5,6,7"',
+        )  # fmt: skip
+    if count is None or count < 1:
+        raise ProfileError("--replicas", count, "must be at least 1", "e.g. --replicas 2")
+    return [()] * count
+
+
+def router_source(plan: Plan) -> str:
+    """The image source the router runs from: the profile's image when it is one of the kit's
+    (it carries vllm-router), else the kit's CUDA image."""
+    source = plan.profile.deployment.image
+    return source if source in ("kit", "cpu") else "kit"
+
+
 def replica_runtime_env(plan: Plan) -> dict[str, str]:
     """What compose interpolates from the profile (the base service reads these)."""
     d = plan.profile.deployment
@@ -64,19 +83,21 @@ def compose_replicas(plan: Plan, gpu_sets: list[tuple[int, ...]], *, base: dict[
 
     Replica i publishes `host_port + 1 + i` (for a per-replica smoke check); the router publishes
     `host_port`, the port users call, and starts once every replica is healthy. Everything else
-    is the base service as written in compose/compose.yaml.
+    is the base service as compose/compose.yaml and the device's overlay write it
+    (`launch.compose_files.merged_document`).
     """
     port = plan.profile.deployment.port
     services: dict[str, Any] = {}
     for i, gpus in enumerate(gpu_sets):
         service = copy.deepcopy(base["services"]["vllm"])
         service["ports"] = [f"{bind}:{host_port + 1 + i}:{port}"]
-        for device in service["deploy"]["resources"]["reservations"]["devices"]:
+        reservations = service.get("deploy", {}).get("resources", {}).get("reservations", {})
+        for device in reservations.get("devices", []):  # none on a CPU service
             device["device_ids"] = [",".join(map(str, gpus))]
         services[f"vllm-{i}"] = service
     services["router"] = {
         "image": "${ROUTER_IMAGE:?ROUTER_IMAGE is set by make up from KIT_IMAGE (vllm-router)}",
-        "command": router_argv([f"http://vllm-{i}:{port}" for i in range(len(gpu_sets))]),
+        "entrypoint": router_argv([f"http://vllm-{i}:{port}" for i in range(len(gpu_sets))]),
         "ports": [f"{bind}:{host_port}:{ROUTER_PORT}"],
         "depends_on": {f"vllm-{i}": {"condition": "service_healthy"}
                        for i in range(len(gpu_sets))},
@@ -104,6 +125,12 @@ def k8s_manifests(plan: Plan, image: str, router_image: str, replicas: int) -> l
     name = f"glm53-{p.name}"
     labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/component": "vllm"}
     gpus = e.tensor_parallel_size * e.pipeline_parallel_size
+    # GPUs through the NVIDIA device plugin; a CPU profile asks for none
+    resources = (
+        {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}}
+        if d.device == "cuda"
+        else {}
+    )
     env = [{"name": k, "value": v} for k, v in plan.env.items() if k != "CUDA_VISIBLE_DEVICES"]
     env += [
         {"name": "GPUS_FROM_RUNTIME", "value": "1"},
@@ -123,8 +150,7 @@ def k8s_manifests(plan: Plan, image: str, router_image: str, replicas: int) -> l
                 "args": [p.name],
                 "env": env,
                 "ports": [{"name": "http", "containerPort": d.port}],
-                "resources": {"limits": {"nvidia.com/gpu": gpus},
-                              "requests": {"nvidia.com/gpu": gpus}},
+                "resources": resources,
                 "startupProbe": _probe("/health", d.port, d.startup_budget_s // PROBE_PERIOD_S),
                 "readinessProbe": _probe("/health", d.port, 3),
                 "livenessProbe": _probe("/health", d.port, 3, period=30),

@@ -21,6 +21,7 @@ from launch.vllm_vocab import (
 )
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
+DEVICES = ("cuda", "cpu")
 
 Rule = Callable[[Profile], None]
 
@@ -71,7 +72,25 @@ def check_interleave(p: Profile) -> None:
         )
 
 
+def check_device(p: Profile) -> None:
+    d = p.deployment
+    if d.device not in DEVICES:
+        raise ProfileError(
+            "deployment.device", d.device, "is not a device the kit serves on",
+            f"use one of {', '.join(DEVICES)}",
+        )  # fmt: skip
+    if d.device == "cpu" and d.gpu_devices:
+        raise ProfileError(
+            "deployment.gpu_devices",
+            ",".join(map(str, d.gpu_devices)),
+            "lists GPUs for a CPU profile (vLLM's CPU build uses none)",
+            "set gpu_devices: [] or use a cuda profile",
+        )
+
+
 def check_gpus(p: Profile) -> None:
+    if p.deployment.device == "cpu":
+        return
     gpus = p.deployment.gpu_devices
     need = p.engine.tensor_parallel_size * p.engine.pipeline_parallel_size
     for gpu in gpus:
@@ -286,9 +305,18 @@ def check_split_pages(p: Profile) -> None:
 
 
 def check_revisions(p: Profile) -> None:
+    e = p.engine
+    if e.model_is_local:
+        if e.revision is not None:
+            raise ProfileError(
+                "engine.revision",
+                e.revision,
+                f"has no meaning for a model directory ({e.model}); revisions pin Hub repositories",
+                "remove engine.revision, or name a Hub repository as the model",
+            )
+        return
     if p.deployment.allow_floating_revision:
         return
-    e = p.engine
     pins = [("engine.revision", e.revision, "MODEL_REVISION")]
     if e.speculative_config is not None and e.speculative_config.model is not None:
         pins.append(
@@ -306,6 +334,26 @@ def check_revisions(p: Profile) -> None:
                 "must be a full 40-hex commit; a branch or tag can move under a running deployment",
                 f"set {env} to the commit SHA, or opt out with ALLOW_FLOATING_REVISION=1",
             )
+
+
+def check_expectations(p: Profile) -> None:
+    x = p.expect
+    if (x.max_concurrency_min is None) != (x.max_concurrency_tokens is None):
+        raise ProfileError(
+            "expect.max_concurrency_tokens",
+            x.max_concurrency_tokens,
+            "a concurrency floor means nothing without the request length it is for (vLLM "
+            "reports concurrency for max_model_len tokens per request)",
+            "set both expect.max_concurrency_min and expect.max_concurrency_tokens, or neither",
+        )
+    if x.max_concurrency_tokens is not None and x.max_concurrency_tokens != p.engine.max_model_len:
+        raise ProfileError(
+            "expect.max_concurrency_tokens",
+            x.max_concurrency_tokens,
+            f"differs from engine.max_model_len ({p.engine.max_model_len}), the length vLLM "
+            "reports concurrency for",
+            "state the floor for max_model_len tokens",
+        )
 
 
 def check_port(p: Profile) -> None:
@@ -334,6 +382,7 @@ def check_image_source(p: Profile) -> None:
 
 
 RULES: tuple[Rule, ...] = (
+    check_device,
     check_parallel_sizes,
     check_gpus,
     check_interleave,
@@ -344,6 +393,7 @@ RULES: tuple[Rule, ...] = (
     check_capture_size,
     check_split_pages,
     check_revisions,
+    check_expectations,
     check_port,
     check_runtime_sizes,
     check_image_source,

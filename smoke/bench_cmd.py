@@ -17,14 +17,17 @@ from pathlib import Path
 from typing import Any
 
 from launch.commands.common import add_set_argument, build_plan
+from launch.compose_env import default_url, user_settings
 from launch.errors import ProfileError
 from launch.image_lock import PIN_KEYS, read_lock, resolve_image
 from smoke.bench import receipt as receipts
 from smoke.bench.cells import BenchError, Settings, decode_cell, parity_cell, prefill_cell
 from smoke.bench.client import Target
+from smoke.containers import connect, find_service_containers, logs_since_start
 from smoke.logparse import parse_lines
 
 NAME = "bench"
+CONTAINER_LOG = "container"
 
 
 def _positive(kind: type) -> Any:
@@ -43,7 +46,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add_set_argument(p)
     p.add_argument("--url", help="server base URL (default http://127.0.0.1:<profile port>)")
     p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"))
-    p.add_argument("--log", type=Path, help="server log: capacity, geometry and GPU names")
+    p.add_argument(
+        "--log",
+        nargs="?",
+        const=CONTAINER_LOG,
+        help="server log FILE: capacity, geometry and GPU names; `--log` alone reads the compose "
+        "service's containers through the Docker Engine API",
+    )
     p.add_argument("--out", type=Path, help="receipt path (default results/<profile>-<time>.json)")
     p.add_argument("--resume", action="store_true", help="keep the cells --out already holds")
     p.add_argument("--concurrency", type=_positive(int), nargs="+", default=[1, 16])
@@ -78,13 +87,18 @@ def _image(source: str) -> dict[str, Any]:
     }
 
 
-def _log_facts(path: Path | None) -> dict[str, Any] | None:
-    if path is None:
+def _log_facts(log: str | None, profile: str) -> dict[str, Any] | None:
+    if log is None:
         return None
-    if not path.is_file():
-        raise ProfileError("--log", str(path), "is not a readable file", "pass the server log")
-    with path.open(encoding="utf-8", errors="replace", newline="") as fh:
-        facts = parse_lines(fh)
+    if log == CONTAINER_LOG:
+        client = connect()
+        facts = parse_lines(logs_since_start(find_service_containers(client, profile)))
+    else:
+        path = Path(log)
+        if not path.is_file():
+            raise ProfileError("--log", log, "is not a readable file", "pass the server log")
+        with path.open(encoding="utf-8", errors="replace", newline="") as fh:
+            facts = parse_lines(fh)
     keys = ("engine_version", "gpu_names", "kv_cache_tokens", "max_concurrency",
             "max_concurrency_tokens", "kv_geometry", "backends", "startup_failed")  # fmt: skip
     return {key: facts.get(key) for key in keys}
@@ -141,8 +155,8 @@ def _brief(sample: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     if not args.profile:
         raise ProfileError("--profile", None, "no profile given", "pass --profile or set PROFILE")
-    plan = build_plan(args.profile, args.sets, os.environ, None)
-    url = args.url or f"http://127.0.0.1:{plan.profile.deployment.port}"
+    plan = build_plan(args.profile, args.sets, os.environ, None, user_settings())
+    url = args.url or default_url(plan.profile)
     try:
         target = Target.from_url(url, args.api_key)
     except ValueError as err:
@@ -168,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
             "profile": plan.profile.name,
             "plan": plan.to_json(),
             "image": _image(plan.profile.deployment.image),
-            "log": _log_facts(args.log),
+            "log": _log_facts(args.log, plan.profile.name),
             "settings": {k: (str(v) if isinstance(v, Path) else v)
                          for k, v in vars(args).items() if k not in {"api_key", "func"}},
             "cells": {},

@@ -1,6 +1,8 @@
 """`python -m smoke check`: readiness, chat completions, and the log's geometry vs the profile.
 
-Exit 0 when every check passes, 1 when a check failed, 2 for bad usage or unreadable input.
+The log is the compose service's own, read through the Docker Engine API (`smoke.containers`),
+unless `--log FILE` or `--log -` gives one from elsewhere. Exit 0 when every check passes, 1 when
+a check failed, 2 for bad usage, unreadable input or no Docker engine to read from.
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ import sys
 from pathlib import Path
 
 from launch.commands.common import add_set_argument, build_plan
+from launch.compose_env import default_url, user_settings
 from launch.errors import ProfileError
 from smoke.api import Server, run_api_checks
+from smoke.containers import ContainerLogs, connect, find_service_containers
 from smoke.logparse import LogParser
-from smoke.ready import LogTail, wait_ready
+from smoke.ready import LogSource, LogTail, settle_log, wait_ready
 from smoke.verdict import exit_status, format_table, geometry_checks, to_json
 
 NAME = "check"
@@ -29,7 +33,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     add_set_argument(parser)
     parser.add_argument("--url", help="server base URL (default http://127.0.0.1:<profile port>)")
-    parser.add_argument("--log", help="server log file, or - for standard input")
+    parser.add_argument(
+        "--log",
+        help="server log file, or - for standard input (default: the compose service's "
+        "container logs, through the Docker Engine API)",
+    )
     parser.add_argument(
         "--no-log", action="store_true", help="skip the log checks (only when no log can be had)"
     )
@@ -60,13 +68,6 @@ def run(args: argparse.Namespace) -> int:
         raise ProfileError("--profile", None, "no profile given", "pass --profile or set PROFILE")
     if args.no_log:
         args.log = None
-    elif not args.log:
-        raise ProfileError(
-            "--log",
-            None,
-            "no server log given; the geometry checks need it",
-            "pass --log FILE, --log - (standard input) or --no-log",
-        )
     elif args.log == "-" and sys.stdin.isatty():
         raise ProfileError(
             "--log",
@@ -84,12 +85,16 @@ def run(args: argparse.Namespace) -> int:
                 "is not a readable file",
                 "pass the server's log file, or - to read standard input",
             )
-    plan = build_plan(args.profile, args.sets, os.environ, None)
+    plan = build_plan(args.profile, args.sets, os.environ, None, user_settings())
     profile = plan.profile
-    url = args.url or f"http://127.0.0.1:{profile.deployment.port}"
+    url = args.url or default_url(profile)
     server = Server(url, profile.engine.model_id, args.api_key, args.request_timeout)
     parser = LogParser()
-    tail = LogTail(log_path, parser)
+    tail: LogSource = LogTail(log_path, parser)
+    if not args.log and not args.no_log:
+        client = connect()
+        tail = ContainerLogs(client, find_service_containers(client, profile.name), parser)
+        print(f"reading the log of {tail.describe()}", file=sys.stderr, flush=True)
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -101,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         for line in sys.stdin:
             parser.feed(line)
     else:
-        tail.poll()
+        settle_log(tail)
     if not args.no_log:
         checks += geometry_checks(profile, parser.result(args.service))
     if args.json:

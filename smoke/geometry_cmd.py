@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from launch.commands.common import add_set_argument, build_plan
+from launch.compose_env import user_settings
 from launch.errors import ProfileError
 from smoke.logparse import parse_lines
 from smoke.verdict import exit_status, format_table, geometry_checks, to_json
@@ -38,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.profile:
         print(json.dumps(facts, indent=2) if args.json else _summary(facts))
         return 0
-    plan = build_plan(args.profile, args.sets, os.environ, None)
+    plan = build_plan(args.profile, args.sets, os.environ, None, user_settings())
     checks = geometry_checks(plan.profile, facts)
     print(to_json(checks, facts=facts) if args.json else format_table(checks))
     return exit_status(checks)

@@ -22,7 +22,7 @@ from typing import Any
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 COMPOSE_PREFIX = re.compile(r"^(?P<service>[A-Za-z0-9][\w.\-]*)\s+\| ?(?P<rest>.*)$")
 CONTAINER_TS = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|[+-]\d{2}:?\d{2})? ")
-PROCESS_PREFIX = re.compile(r"^(?:\([A-Za-z][\w]* pid=\d+\)\s*)+")
+PROCESS_PREFIX = re.compile(r"^(?:\([A-Za-z][\w-]* pid=\d+\)\s*)+")
 VLLM_LINE = re.compile(
     r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d "
     r"\[(?P<source>[^\]]+)\] (?P<msg>.*)$"
@@ -30,16 +30,23 @@ VLLM_LINE = re.compile(
 
 BANNER = re.compile(r"Initializing a V1 LLM engine \(v(?P<version>[^)\s]+)\) with config")
 START = re.compile(r"^non-default args: ")
-KV_TOKENS = re.compile(r"GPU KV cache size: (?P<tokens>[\d,]+) tokens")
+# vLLM names the pool's device (`GPU`, `CPU`, `XPU`, ...) and appends ` + host` with hisparse.
+KV_TOKENS = re.compile(
+    r"\b(?P<device>[A-Z]+(?: \+ host)?) KV cache size: (?P<tokens>[\d,]+) tokens"
+)
 CONCURRENCY = re.compile(
     r"Maximum concurrency for (?P<tokens>[\d,]+) tokens per request: (?P<x>-?[\d.]+)x"
 )
 AVAILABLE = re.compile(r"Available KV cache memory: (?P<gib>-?[\d.]+) GiB")
 GRAPH = re.compile(r"Graph capturing finished in (?P<secs>\d+) secs?, took (?P<gib>-?[\d.]+) GiB")
 GRAPH_PROFILE = re.compile(r"(?P<mode>[A-Z_]+)=(?P<count>\d+) \(largest=(?P<largest>\d+)\)")
+# vLLM's resolution of the CUDA graph mode (`config/compilation.py`), in log order: an attention
+# backend without full-graph support, then spec-decode without uniform-batch support, each may
+# lower the mode again; the last line is the mode that runs.
 CUDAGRAPH_RESOLVED = re.compile(
-    r"CUDAGraphMode\.(?P<from>[A-Z_]+) is not supported with (?P<backend>\S+) backend.*"
-    r"setting cudagraph_mode=(?P<to>[A-Z_]+)"
+    r"CUDAGraphMode\.(?P<from>[A-Z_]+) is not supported with "
+    r"(?:spec-decode for attention backend (?P<spec_backend>\S+)|(?P<backend>\S+) backend)"
+    r".*?setting cudagraph_mode=(?P<to>[A-Z_]+)"
 )
 BACKEND_PATTERNS = (
     re.compile(r"^(?P<s>Using backend \S+ for .+?)\.?$"),
@@ -51,7 +58,10 @@ BACKEND_PATTERNS = (
 )
 BLOCK_SIZE = (
     re.compile(r"^(?P<s>Setting attention block size to (?P<n>\d+) tokens\b.*?)\s*$"),
-    re.compile(r"^(?P<s>Setting kv cache block size to (?P<n>\d+) for \S+ backend)\.?\s*$"),
+    # `for X backend.` (older vLLM, as in the GLM-5.1 fixtures); `for X/Y backend(s).` (0.32+)
+    re.compile(
+        r"^(?P<s>Setting kv cache block size to (?P<n>\d+) for \S+ backend(?:\(s\))?)\.?\s*$"
+    ),
 )
 SPEC = re.compile(r"SpecDecoding metrics: Mean acceptance length: (?P<mal>[\d.]+)")
 SPEC_COUNTS = re.compile(r"Accepted: (?P<acc>\d+) tokens, Drafted: (?P<draft>\d+) tokens")
@@ -119,6 +129,7 @@ class StartFacts:
 
     engine_version: str | None = None
     kv_cache_tokens: int | None = None
+    kv_cache_device: str | None = None
     max_concurrency: float | None = None
     max_concurrency_tokens: int | None = None
     available_kv_cache_gib: float | None = None
@@ -167,6 +178,7 @@ class ServiceState:
         return {
             "engine_version": c.engine_version,
             "kv_cache_tokens": c.kv_cache_tokens,
+            "kv_cache_device": c.kv_cache_device,
             "max_concurrency": c.max_concurrency,
             "max_concurrency_tokens": c.max_concurrency_tokens,
             "available_kv_cache_gib": c.available_kv_cache_gib,
@@ -223,6 +235,7 @@ class LogParser:
     def __init__(self) -> None:
         self.services: dict[str, ServiceState] = {}
         self._plain = ServiceState()
+        self.lines_seen = 0
 
     def _state(self, service: str | None) -> ServiceState:
         if service is None:
@@ -234,6 +247,7 @@ class LogParser:
             self._feed_line(part)
 
     def _feed_line(self, raw: str) -> None:
+        self.lines_seen += 1
         exited = EXITED.match(ANSI.sub("", raw).strip())
         if exited:
             self._state(exited.group("service")).last_line = raw.strip()
@@ -281,6 +295,7 @@ class LogParser:
             return
         if m := KV_TOKENS.search(msg):
             c.kv_cache_tokens = _int(m.group("tokens"))
+            c.kv_cache_device = m.group("device")
         if m := CONCURRENCY.search(msg):
             c.max_concurrency_tokens = _int(m.group("tokens"))
             c.max_concurrency = float(m.group("x"))

@@ -1,8 +1,9 @@
 """Wait for a starting server, visibly: elapsed time and the last log line, never a frozen screen.
 
 Loading GLM-5.3-Flash and capturing graphs takes minutes. The wait polls `/health` and
-`/v1/models`, tails the server log if one is given, and stops early when the log shows the
-engine failed to start, naming the root cause.
+`/v1/models`, reads the server log (a growing file, or the containers through the Docker Engine
+API, `smoke.containers`), and stops early when the log shows the engine failed to start, or the
+container exited, naming the root cause.
 """
 
 from __future__ import annotations
@@ -10,12 +11,28 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import requests
 
 from smoke.api import Server
 from smoke.logparse import LogParser
 from smoke.verdict import Check
+
+
+class LogSource(Protocol):
+    """Where the server's log comes from while the smoke check waits."""
+
+    parser: LogParser
+
+    def poll(self) -> None:
+        """Feed what arrived since the last call to the parser."""
+
+    def failure(self) -> str | None:
+        """Why the server can no longer come up (its process is gone), or None."""
+
+    def status(self) -> str:
+        """What the source knows of the server's state ("" for a file)."""
 
 
 class LogTail:
@@ -25,6 +42,12 @@ class LogTail:
         self.path = path
         self.parser = parser
         self.offset = 0
+
+    def failure(self) -> str | None:
+        return None  # a file says nothing of the process; the log's own lines do
+
+    def status(self) -> str:
+        return ""
 
     def poll(self) -> None:
         if self.path is None or not self.path.is_file():
@@ -55,7 +78,7 @@ def _up(server: Server) -> str | None:
 def wait_ready(
     server: Server,
     timeout: float,
-    tail: LogTail,
+    tail: LogSource,
     progress: Callable[[str], None],
     *,
     poll_every: float = 1.0,
@@ -71,17 +94,34 @@ def wait_ready(
         if why is None:
             return Check("ready: server up", expected, f"ready after {elapsed:.0f} s", True)
         tail.poll()
+        gone = tail.failure()
         facts = tail.parser.result(service)
-        if facts["last_start_failed"]:
-            cause = facts["errors"][-1] if facts["errors"] else "EngineCore failed to start"
-            return Check("ready: server up", expected, f"engine failed to start: {cause}", False)
+        if facts["last_start_failed"] or gone:
+            cause = facts["errors"][-1] if facts["errors"] else "no root-cause line in the log"
+            what = gone or "engine failed to start"
+            return Check("ready: server up", expected, f"{what}: {cause}", False)
         if elapsed >= timeout:
             return Check("ready: server up", expected, f"{why} after {elapsed:.0f} s", False)
         if elapsed - last_report >= report_every:
             last_line = tail.parser.last_line(service) or "(no log)"
+            state = tail.status()
             progress(
-                f"waiting for {server.base_url}: {elapsed:.0f}s elapsed, {why}; "
-                f"last log line: {last_line[:160]}"
+                f"waiting for {server.base_url}: {elapsed:.0f}s elapsed, {why}"
+                f"{f' ({state})' if state else ''}; last log line: {last_line[:160]}"
             )
             last_report = elapsed
         time.sleep(min(poll_every, max(0.0, timeout - elapsed)))
+
+
+def settle_log(source: LogSource, quiet_for: float = 0.5, at_most: float = 5.0) -> None:
+    """Read the log until nothing new has arrived for `quiet_for` seconds (the lines of the
+    requests just made may still be on their way from the container)."""
+    deadline = time.monotonic() + at_most
+    seen = -1
+    while time.monotonic() < deadline:
+        source.poll()
+        count = source.parser.lines_seen
+        if count == seen:
+            return
+        seen = count
+        time.sleep(quiet_for)

@@ -40,6 +40,11 @@ def geometry_checks(profile: Profile, facts: dict[str, Any]) -> list[Check]:
             facts["starts"] > 0 and not facts["last_start_failed"],
         ),
     ]
+    if e.engine_version is not None:
+        seen = facts.get("engine_version")
+        checks.append(
+            _check("log: engine version", e.engine_version, seen, seen == e.engine_version)
+        )
     tokens = facts.get("kv_cache_tokens")
     if e.kv_cache_tokens is not None:
         checks.append(
@@ -55,15 +60,7 @@ def geometry_checks(profile: Profile, facts: dict[str, Any]) -> list[Check]:
             )
         )
     if e.max_concurrency_min is not None:
-        x = facts.get("max_concurrency")
-        checks.append(
-            _check(
-                "log: max concurrency (floor)",
-                f">= {e.max_concurrency_min}x",
-                None if x is None else f"{x}x",
-                x is not None and x >= e.max_concurrency_min,
-            )
-        )
+        checks.append(concurrency_check(e.max_concurrency_min, e.max_concurrency_tokens, facts))
     geometry = facts.get("kv_geometry") or {}
     for name, want, got in (
         ("log: KV blocks", e.kv_blocks, geometry.get("num_blocks")),
@@ -104,6 +101,19 @@ def geometry_checks(profile: Profile, facts: dict[str, Any]) -> list[Check]:
             )
         )
     return checks
+
+
+def concurrency_check(floor: float, length: int | None, facts: dict[str, Any]) -> Check:
+    """vLLM's concurrency figure is for one request length (max_model_len); a floor stated for
+    another length says nothing about it, so the length must match before the number counts."""
+    x, seen_len = facts.get("max_concurrency"), facts.get("max_concurrency_tokens")
+    seen = None if x is None else f"{x}x for {seen_len:,} tokens"
+    return _check(
+        "log: max concurrency (floor)",
+        f">= {floor}x for {length:,} tokens",
+        seen,
+        x is not None and seen_len == length and x >= floor,
+    )
 
 
 def _roles(seen: dict[str, Any] | None, want: dict[str, int] | None) -> dict[str, Any] | None:

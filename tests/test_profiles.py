@@ -21,8 +21,31 @@ def flag_value(argv: tuple[str, ...], flag: str) -> str:
     return argv[argv.index(flag) + 1]
 
 
-def test_both_profiles_ship():
-    assert profile_names() == ["dflash-tp4-dcp4", "mtp3-tp4-split"]
+def test_the_two_qualified_profiles_and_the_cpu_lane_ship():
+    assert profile_names() == ["cpu-tiny", "dflash-tp4-dcp4", "mtp3-tp4-split"]
+
+
+def test_cpu_profile_renders_without_gpus_and_states_its_own_capacity():
+    p = plan("cpu-tiny")
+    assert p.argv[:3] == ("vllm", "serve", "/opt/models/kit-tiny-chat")
+    assert flag_value(p.argv, "--dtype") == "float32"
+    assert flag_value(p.argv, "--kv-cache-memory-bytes") == "1073741824"
+    assert "--enforce-eager" in p.argv and "--revision" not in p.argv
+    assert p.env == {}  # no CUDA_VISIBLE_DEVICES for vLLM's CPU build
+    e = p.profile.expect
+    assert (e.kv_cache_tokens, e.max_concurrency_min, e.max_concurrency_tokens) == (
+        524288, 256.0, 2048
+    )
+    # the arithmetic the profile cites: 1 GiB / (2 layers x K,V x 4 heads x 32 dims x 4 bytes)
+    assert e.kv_cache_tokens == 1073741824 // (2 * 2 * 4 * 32 * 4)
+    assert e.max_concurrency_min == e.kv_cache_tokens / p.profile.engine.max_model_len
+
+
+def test_served_model_name_override_keeps_every_capacity_expectation():
+    p = plan("mtp3-tp4-split", {"SERVED_MODEL_NAME": "glm"})
+    assert p.profile.expect.kv_cache_tokens_min == 1265215
+    assert p.profile.expect.max_concurrency_min == 4.83
+    assert not [d for d in p.deviations if d.startswith("expect.")]
 
 
 def test_dflash_profile_renders_seed_000_configuration():
@@ -99,14 +122,25 @@ def test_expectations_carry_seed_numbers_and_cite_each():
         assert all(src.startswith("seed 00") for src in exp.sources.values())
 
 
-def test_gpu_devices_override_is_a_deviation_and_reaches_the_environment():
+def test_gpu_devices_override_is_shown_reaches_the_environment_and_stays_qualified():
     p = plan("dflash-tp4-dcp4", {"GPU_DEVICES": "4,5,6,7"})
     assert p.env["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
-    assert p.deviations == (
+    assert p.placement == (
         "deployment.gpu_devices: 0,1,2,3 -> 4,5,6,7 (from environment GPU_DEVICES)",
     )
+    assert p.deviations == () and p.qualified
     # Where the GPUs are does not change what the server computes: every expectation stays.
     assert p.profile.expect == load("dflash-tp4-dcp4").profile.expect
+
+
+def test_compose_placement_keeps_a_start_qualified_but_the_image_source_does_not():
+    compose = plan("mtp3-tp4-split", {"GPUS_FROM_RUNTIME": "1", "PORT": "9000"})
+    assert compose.qualified and len(compose.placement) == 2
+    swapped = plan("mtp3-tp4-split", {"IMAGE_SOURCE": "qualified"})
+    assert not swapped.qualified
+    assert swapped.deviations == (
+        "deployment.image: kit -> qualified (from environment IMAGE_SOURCE)",
+    )
 
 
 def test_engine_override_drops_the_capacity_expectations_it_invalidates():
@@ -155,3 +189,46 @@ def test_plan_text_is_copyable_shell(name):
     assert words[0] == "env"
     assert words[1 : 1 + len(p.env)] == [f"{k}={v}" for k, v in p.env.items()]
     assert tuple(words[1 + len(p.env) :]) == p.argv
+
+
+def test_a_concurrency_floor_must_name_the_length_vllm_reports_it_for():
+    from launch.errors import ProfileError
+    from launch.loader import read_raw
+    from launch.profile import Profile
+    from launch.schema import build
+    from launch.validate import validate
+
+    raw = read_raw("mtp3-tp4-split")
+    raw["expect"]["max_concurrency_tokens"] = 202752
+    with pytest.raises(ProfileError, match=r"differs from engine.max_model_len \(262144\)"):
+        validate(build(Profile, raw, ""))
+    del raw["expect"]["max_concurrency_tokens"]
+    with pytest.raises(ProfileError, match="without the request length it is for"):
+        validate(build(Profile, raw, ""))
+
+
+def test_max_model_len_override_drops_the_concurrency_floor_with_its_length():
+    p = plan("mtp3-tp4-split", {"MAX_MODEL_LEN": "131072"})
+    assert p.profile.expect.max_concurrency_min is None
+    assert p.profile.expect.max_concurrency_tokens is None
+
+
+def test_compose_env_then_environment_then_set_each_named_in_the_plan():
+    p = build_plan("dflash-tp4-dcp4", ("MAX_NUM_SEQS=24",), {"MAX_NUM_SEQS": "20"}, None,
+                   {"MAX_NUM_SEQS": "16"})  # fmt: skip
+    assert flag_value(p.argv, "--max-num-seqs") == "24"
+    assert [d for d in p.deviations if d.startswith("engine.max_num_seqs")] == [
+        "engine.max_num_seqs: 32 -> 16 (from compose/.env MAX_NUM_SEQS)",
+        "engine.max_num_seqs: 16 -> 20 (from environment MAX_NUM_SEQS)",
+        "engine.max_num_seqs: 20 -> 24 (from --set MAX_NUM_SEQS)",
+    ]
+    only_file = build_plan("dflash-tp4-dcp4", (), {}, None, {"MAX_NUM_SEQS": "16"})
+    assert flag_value(only_file.argv, "--max-num-seqs") == "16" and not only_file.qualified
+
+
+def test_smoke_default_url_is_the_host_port_compose_publishes(monkeypatch):
+    from launch.compose_env import default_url
+
+    profile = load("cpu-tiny").profile
+    monkeypatch.setenv("HOST_PORT", "8100")
+    assert default_url(profile) == "http://127.0.0.1:8100"

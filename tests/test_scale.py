@@ -77,18 +77,35 @@ def test_k8s_manifests_validate_and_carry_gpus_digest_probes_secret(
     assert workers == [f"http://glm53-{name}-{i}.glm53-{name}:8000" for i in range(replicas)]
 
 
-def test_compose_with_two_gpu_sets_shows_two_replicas_and_the_router(tmp_path, capsys, monkeypatch):
-    text = render(capsys, monkeypatch, "dflash-tp4-dcp4", "--format", "compose",
-                  "--gpu-sets", "0,1,2,3 4,5,6,7")  # fmt: skip
+def replicas_config(capsys, monkeypatch, profile: str, *argv: str) -> dict:
+    """`render --format compose` for `profile`, resolved by the real Compose binary."""
+    text = render(capsys, monkeypatch, profile, "--format", "compose", *argv)
     path = Path(__file__).resolve().parent.parent / "compose" / "replicas.test.yaml"
     path.write_text(text)
     try:
-        result = compose_config({**runtime_env("dflash-tp4-dcp4"), "IMAGE": DIGEST,
+        result = compose_config({**runtime_env(profile), "IMAGE": DIGEST,
                                  "ROUTER_IMAGE": ROUTER_DIGEST}, path)  # fmt: skip
     finally:
         path.unlink()
     assert result.returncode == 0, result.stderr
-    services = json.loads(result.stdout)["services"]
+    return json.loads(result.stdout)["services"]
+
+
+def test_k8s_manifests_of_the_cpu_profile_ask_for_no_gpu(tmp_path, capsys, monkeypatch):
+    text = render(capsys, monkeypatch, "cpu-tiny", "--format", "k8s", "--replicas", "2")
+    path = tmp_path / "manifests.yaml"
+    path.write_text(text)
+    result = subprocess.run([str(BIN / "kubernetes-validate"), "--strict", str(path)],
+                            capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    sts = next(yaml.safe_load_all(text))
+    container = sts["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"] == {} and container["args"] == ["cpu-tiny"]
+
+
+def test_compose_with_two_gpu_sets_shows_two_replicas_and_the_router(capsys, monkeypatch):
+    services = replicas_config(capsys, monkeypatch, "dflash-tp4-dcp4", "--gpu-sets",
+                               "0,1,2,3 4,5,6,7")  # fmt: skip
     assert sorted(services) == ["router", "vllm-0", "vllm-1"]
     devices = [services[f"vllm-{i}"]["deploy"]["resources"]["reservations"]["devices"][0]
                ["device_ids"] for i in range(2)]  # fmt: skip
@@ -99,6 +116,26 @@ def test_compose_with_two_gpu_sets_shows_two_replicas_and_the_router(tmp_path, c
     assert set(services["router"]["depends_on"]) == {"vllm-0", "vllm-1"}
     assert all(d["condition"] == "service_healthy"
                for d in services["router"]["depends_on"].values())  # fmt: skip
+
+
+def test_cpu_replicas_take_the_cpu_overlay_and_the_router_runs_its_own_entrypoint(
+    capsys, monkeypatch
+):
+    services = replicas_config(capsys, monkeypatch, "cpu-tiny", "--replicas", "2")
+    assert sorted(services) == ["router", "vllm-0", "vllm-1"]
+    for i in range(2):  # as compose/cpu.yaml says: no GPUs, no checkout mount, no memlock
+        replica = services[f"vllm-{i}"]
+        assert "deploy" not in replica and replica["ulimits"] == {"stack": 67108864}
+        assert [v["target"] for v in replica["volumes"]] == ["/hf", "/cache"]
+    # the image's ENTRYPOINT is the launcher, so the router replaces it, not its arguments
+    assert services["router"]["entrypoint"][:1] == ["vllm-router"]
+    assert services["router"].get("command") is None
+
+
+def test_replicas_without_gpu_sets_are_for_cpu_profiles_only(capsys, monkeypatch):
+    monkeypatch.setenv("IMAGE", DIGEST)
+    assert launch_main(["render", "mtp3-tp4-split", "--format", "compose", "--replicas", "2"]) == 2
+    assert "--replicas=2: sets the replica count of CPU profiles only" in capsys.readouterr().err
 
 
 def test_bad_gpu_sets_exit_2(capsys, monkeypatch):

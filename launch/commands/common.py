@@ -7,6 +7,7 @@ import os
 from collections.abc import Mapping, Sequence
 
 from launch.capabilities import VllmInstall, find_vllm, resolve
+from launch.compose_env import user_settings
 from launch.errors import ProfileError
 from launch.loader import load
 from launch.overrides import from_environment, from_set_args
@@ -62,9 +63,15 @@ def build_plan(
     sets: Sequence[str],
     environ: Mapping[str, str],
     install: VllmInstall | None,
+    env_file: Mapping[str, str] | None = None,
 ) -> Plan:
-    """Environment overrides first, then `--set` (the command line wins)."""
-    overrides = from_environment(environ) + from_set_args(sets)
+    """The profile, then compose/.env (`env_file`), then the environment, then `--set`: each
+    later source wins, and every override names where it came from."""
+    overrides = (
+        from_environment(env_file or {}, "compose/.env")
+        + from_environment(environ)
+        + from_set_args(sets)
+    )
     loaded = load(name, overrides)
     return render(loaded, resolve(loaded.profile, install))
 
@@ -79,4 +86,6 @@ def plan_from_args(args: argparse.Namespace, *, require_vllm: bool = False) -> P
             "is not installed here, so capabilities cannot be checked",
             "run inside the kit's image, or use `python -m launch render` to inspect",
         )
-    return build_plan(profile_name(args, environ), args.sets, environ, install)
+    env_file = user_settings()
+    name = profile_name(args, {**env_file, **environ})
+    return build_plan(name, args.sets, environ, install, env_file)

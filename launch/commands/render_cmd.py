@@ -15,10 +15,17 @@ import os
 import yaml
 
 from launch.commands.common import add_profile_arguments, plan_from_args
+from launch.compose_files import merged_document
 from launch.errors import ProfileError
-from launch.image_lock import COMPOSE_FILE, resolve_image
+from launch.image_lock import resolve_image
 from launch.render import Plan, format_plan
-from launch.scale import compose_replicas, k8s_manifests, parse_gpu_sets
+from launch.scale import (
+    compose_replicas,
+    cpu_replicas,
+    k8s_manifests,
+    parse_gpu_sets,
+    router_source,
+)
 
 NAME = "render"
 
@@ -33,7 +40,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         default=os.environ.get("GPU_SETS"),
         help='compose: one replica per set, e.g. "0,1,2,3 4,5,6,7" (GPU_SETS)',
     )
-    parser.add_argument("--replicas", type=int, default=1, help="k8s: number of vLLM pods")
+    parser.add_argument(
+        "--replicas", type=int, default=None, help="k8s: pods (default 1); compose: CPU replicas"
+    )
     parser.add_argument(
         "--host-port",
         type=int,
@@ -44,11 +53,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
-def compose_document(plan: Plan, gpu_sets: str | None, host_port: int, bind: str) -> dict:
+def compose_document(plan: Plan, gpu_sets: str | None, replicas: int | None, host_port: int,
+                     bind: str) -> dict:  # fmt: skip
     """The replica compose file for `plan`, from the base compose file as written."""
-    default = ",".join(map(str, plan.profile.deployment.gpu_devices))
-    sets = parse_gpu_sets(gpu_sets or default, plan)
-    base = yaml.safe_load(COMPOSE_FILE.read_text(encoding="utf-8"))
+    if plan.profile.deployment.device == "cpu" or replicas is not None:
+        sets = cpu_replicas(replicas, plan)
+    else:
+        default = ",".join(map(str, plan.profile.deployment.gpu_devices))
+        sets = parse_gpu_sets(gpu_sets or default, plan)
+    base = merged_document(plan.profile.deployment.device)
     return compose_replicas(plan, sets, base=base, host_port=host_port, bind=bind)
 
 
@@ -60,13 +73,14 @@ def run(args: argparse.Namespace) -> int:
     elif fmt == "json":
         print(json.dumps(plan.to_json(), indent=2))
     elif fmt == "compose":
-        doc = compose_document(plan, args.gpu_sets, args.host_port, args.bind)
+        doc = compose_document(plan, args.gpu_sets, args.replicas, args.host_port, args.bind)
         print(yaml.safe_dump(doc, sort_keys=False), end="")
     else:
+        args.replicas = 1 if args.replicas is None else args.replicas
         if args.replicas < 1:
             raise ProfileError("--replicas", args.replicas, "must be at least 1", "e.g. 2")
         image = resolve_image(plan.profile.deployment.image, os.environ)
-        router = resolve_image("kit", os.environ, override_var="ROUTER_IMAGE")
+        router = resolve_image(router_source(plan), os.environ, override_var="ROUTER_IMAGE")
         docs = k8s_manifests(plan, image, router, args.replicas)
         print(yaml.safe_dump_all(docs, sort_keys=False), end="")
     return 0

@@ -23,6 +23,8 @@ from smoke.bench.client import StreamResult, Target, request_json, stream_chat
 from smoke.bench.metrics import acceptance_length, parse_spec_counters
 
 FILLER = "hello"
+PIECES = (" a", ".", "a", " ")
+"""Short pieces that close the gap when whole filler words overshoot by more than one token."""
 
 
 class BenchError(Exception):
@@ -161,8 +163,13 @@ async def count_prompt_tokens(target: Target, model: str, prompt: str) -> int:
 
 
 async def exact_prompt(target: Target, model: str, tokens: int, salt: str) -> str:
-    """A prompt whose chat-templated length is exactly `tokens`, by the server's tokenizer."""
-    lo, hi = 0, tokens
+    """A prompt whose chat-templated length is exactly `tokens`, by the server's tokenizer.
+
+    Whole filler words first (a binary search for the longest prompt not over the target), then
+    short pieces one at a time: a tokenizer may count a word as several tokens, so words alone
+    cannot reach every length.
+    """
+    lo, hi, best, best_count = 0, tokens, None, 0
     while lo <= hi:
         words = (lo + hi) // 2
         prompt = f"{salt} " + " ".join([FILLER] * words)
@@ -170,9 +177,19 @@ async def exact_prompt(target: Target, model: str, tokens: int, salt: str) -> st
         if count == tokens:
             return prompt
         if count < tokens:
-            lo = words + 1
+            best, best_count, lo = prompt, count, words + 1
         else:
             hi = words - 1
+    while best is not None and best_count < tokens:
+        for piece in PIECES:
+            count = await count_prompt_tokens(target, model, best + piece)
+            if best_count < count <= tokens:
+                best, best_count = best + piece, count
+                break
+        else:
+            break
+    if best is not None and best_count == tokens:
+        return best
     raise BenchError(f"no prompt of exactly {tokens} tokens could be built from {FILLER!r}")
 
 

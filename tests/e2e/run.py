@@ -1,0 +1,516 @@
+"""`make e2e`: the whole user path on a real Docker engine and a real vLLM engine, no GPU.
+
+Each step runs what a user types (make targets, plain `docker compose` in compose/) against the
+kit's CPU image and profile `cpu-tiny`, and prints one line; the run ends with
+`N passed, M failed` and exits 1 if any step failed. A step whose prerequisite failed is counted
+as failed, not skipped. What it needs: a Docker engine with the compose plugin, `mmdebstrap`, and
+a registry on 127.0.0.1 (`E2E_REGISTRY`, default 127.0.0.1:5000); `.ci/run` starts the engine and
+the registry (tests/e2e/services.py).
+
+It pins into a copy of compose/images.lock (KIT_IMAGES_LOCK), so the tracked lock is never
+rewritten, and moves an existing compose/.env aside for the run and puts it back afterwards.
+Everything it starts is stopped at the end (`docker compose down --volumes`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from launch.compose_env import ENV_PATH  # noqa: E402
+from launch.image_lock import COMPOSE_DIR, LOCK_PATH, read_lock  # noqa: E402
+from tests.bench_client import VLLM_BENCH  # noqa: E402
+
+PROFILE = "cpu-tiny"
+PROJECT = "glm53"
+REGISTRY = os.environ.get("E2E_REGISTRY", "127.0.0.1:5000")
+HOST_PORT = 8000
+HEALTHY_WITHIN_S = 300
+AGREEMENT = 0.10
+"""The bench's decode and prefill figures must agree with `vllm bench serve`'s within 10%."""
+DECODE_CONCURRENCY = 4
+DECODE_TOKENS = 128
+PREFILL_TOKENS = 1536
+PREFILL_RUNS = 5
+
+
+class StepFailed(Exception):
+    """A step's own failure; the message is the line the run prints."""
+
+
+@dataclass
+class Run:
+    work: Path
+    env: dict[str, str]
+    results: list[tuple[str, bool, str, float]] = field(default_factory=list)
+    state: dict[str, str] = field(default_factory=dict)
+
+    def sh(
+        self,
+        argv: list[str],
+        *,
+        cwd: Path = REPO,
+        timeout: float = 900,
+        check: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a command, keep its output in the work directory, fail the step on error."""
+        result = subprocess.run(
+            argv,
+            cwd=cwd,
+            env={**self.env, **(env or {})},
+            text=True,
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
+        log = self.work / "commands.log"
+        with log.open("a", encoding="utf-8") as fh:
+            fh.write(f"$ {' '.join(argv)}  (cwd {cwd}, exit {result.returncode})\n")
+            fh.write(result.stdout + result.stderr + "\n")
+        if check and result.returncode != 0:
+            tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
+            raise StepFailed(
+                f"`{' '.join(argv[:4])}` exited {result.returncode}: {' | '.join(tail)}"
+            )
+        return result
+
+    def step(self, name: str, body: Callable[[], str], needs: tuple[str, ...] = ()) -> bool:
+        start = time.monotonic()
+        missing = [n for n in needs if not self.passed(n)]
+        if missing:
+            ok, detail = False, f"not run: needs {', '.join(missing)}"
+        else:
+            try:
+                ok, detail = True, body()
+            except StepFailed as err:
+                ok, detail = False, str(err)
+            except (subprocess.TimeoutExpired, requests.RequestException, OSError) as err:
+                ok, detail = False, f"{type(err).__name__}: {err}"
+        secs = time.monotonic() - start
+        self.results.append((name, ok, detail, secs))
+        print(f"{'PASS' if ok else 'FAIL'} {name}: {detail} ({secs:.0f} s)", flush=True)
+        return ok
+
+    def passed(self, name: str) -> bool:
+        return any(n == name and ok for n, ok, _, _ in self.results)
+
+
+def compose(run: Run, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Plain `docker compose ...` in compose/, as users type it (it reads compose/.env)."""
+    return run.sh(["docker", "compose", *args], cwd=COMPOSE_DIR, timeout=timeout)
+
+
+def compose_down(run: Run) -> None:
+    """`docker compose down` of whatever compose/.env runs (nothing before the first configure)."""
+    if ENV_PATH.exists():
+        compose(run, "down")
+
+
+def make(run: Run, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return run.sh(["make", "--no-print-directory", *args], timeout=timeout)
+
+
+def container_state(run: Run, name: str) -> dict:
+    out = run.sh(["docker", "inspect", "--format", "{{json .State}}", name], check=False)
+    return json.loads(out.stdout) if out.returncode == 0 else {}
+
+
+def wait_healthy(run: Run, names: list[str], within: float = HEALTHY_WITHIN_S) -> float:
+    start = time.monotonic()
+    while True:
+        states = {n: container_state(run, n) for n in names}
+        health = {n: (s.get("Health") or {}).get("Status") for n, s in states.items()}
+        if all(h == "healthy" for h in health.values()):
+            return time.monotonic() - start
+        dead = [n for n, s in states.items() if s and not s.get("Running")]
+        if dead:
+            raise StepFailed(f"{dead[0]} exited with code {states[dead[0]].get('ExitCode')}")
+        if time.monotonic() - start > within:
+            raise StepFailed(f"not healthy within {within:.0f} s: {health}")
+        time.sleep(2)
+
+
+def project_containers(run: Run) -> list[str]:
+    out = run.sh(
+        [
+            "docker",
+            "ps",
+            "--all",
+            "--quiet",
+            "--filter",
+            f"label=com.docker.compose.project={PROJECT}",
+        ]
+    )
+    return out.stdout.split()
+
+
+def chat(
+    url: str, prompt: str, max_tokens: int = 16, *, ignore_eos: bool = False, timeout: float = 30
+) -> str:
+    r = requests.post(
+        f"{url}/v1/chat/completions",
+        timeout=timeout,
+        json={
+            "model": "kit-tiny-chat",
+            "messages": [{"role": "user", "content": prompt}],
+            "temperature": 0,
+            "max_tokens": max_tokens,
+            "ignore_eos": ignore_eos,
+        },
+    )
+    r.raise_for_status()
+    return r.json()["choices"][0]["message"]["content"]
+
+
+def served_requests(port: int) -> float:
+    """`vllm:request_success_total` of one replica, summed over finish reasons."""
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    return sum(
+        float(m)
+        for m in re.findall(r"^vllm:request_success_total\{[^}]*\} (\S+)$", text, re.MULTILINE)
+    )
+
+
+# ---- the steps ------------------------------------------------------------------------------
+
+
+def step_engine(run: Run) -> str:
+    server = run.sh(["docker", "version", "--format", "{{.Server.Version}}"]).stdout.strip()
+    plugin = run.sh(["docker", "compose", "version", "--short"]).stdout.strip()
+    requests.get(f"http://{REGISTRY}/v2/", timeout=5).raise_for_status()
+    return f"Docker engine {server}, compose {plugin}, registry {REGISTRY}"
+
+
+def step_base(run: Run) -> str:
+    tag = f"{REGISTRY}/glm53/debian:bookworm"
+    run.sh([sys.executable, "docker/debian_base.py", "--tag", tag, "--push"], timeout=600)
+    make(run, "pin", f"IMAGE={tag}", "SOURCE=cpu-base")
+    return read_lock(Path(run.env["KIT_IMAGES_LOCK"]))["CPU_BASE_IMAGE"]
+
+
+def step_build(run: Run) -> str:
+    tag = f"{REGISTRY}/glm53/kit-cpu:e2e"
+    make(run, "build-cpu", f"TAG={tag}", "BUILD_ARGS=--trust-host-ca --allow-dirty", timeout=1800)
+    labels = json.loads(
+        run.sh(["docker", "image", "inspect", "--format", "{{json .Config.Labels}}", tag]).stdout
+    )
+    run.state["tag"] = tag
+    return (
+        f"{tag}, engine label {labels['io.glm53-kit.engine']}, source lock "
+        f"{labels['io.glm53-kit.source-lock.sha256'][:12]}"
+    )
+
+
+def step_push(run: Run) -> str:
+    out = run.sh(["docker", "push", run.state["tag"]], timeout=900).stdout
+    match = re.search(r"digest: (sha256:[0-9a-f]{64})", out)
+    if match is None:
+        raise StepFailed(f"docker push printed no digest: {out[-200:]!r}")
+    run.state["digest"] = match.group(1)
+    return f"pushed, registry digest {match.group(1)}"
+
+
+def step_pin(run: Run) -> str:
+    make(run, "pin", f"IMAGE={run.state['tag']}", "SOURCE=cpu")
+    pinned = read_lock(Path(run.env["KIT_IMAGES_LOCK"]))["CPU_IMAGE"]
+    want = f"{REGISTRY}/glm53/kit-cpu@{run.state['digest']}"
+    if pinned != want:
+        raise StepFailed(f"lock has {pinned}, the registry said {want}")
+    run.state["ref"] = pinned
+    return f"CPU_IMAGE={pinned}"
+
+
+def step_remove_local(run: Run) -> str:
+    run.sh(["docker", "image", "rm", run.state["tag"]])
+    if run.sh(["docker", "image", "inspect", run.state["ref"]], check=False).returncode == 0:
+        run.sh(["docker", "image", "rm", run.state["ref"]])
+    if run.sh(["docker", "image", "inspect", run.state["ref"]], check=False).returncode == 0:
+        raise StepFailed(f"{run.state['ref']} is still present locally")
+    return "local copy removed; compose must pull it"
+
+
+def step_compose_up(run: Run) -> str:
+    make(run, "configure", f"PROFILE={PROFILE}")
+    compose(run, "up", "--detach")
+    if run.sh(["docker", "image", "inspect", run.state["ref"]], check=False).returncode != 0:
+        raise StepFailed("the image was not pulled by digest")
+    return f"`docker compose up -d` in compose/ pulled {run.state['ref'].split('@')[1][:19]}"
+
+
+def step_healthy(run: Run) -> str:
+    secs = wait_healthy(run, [f"{PROJECT}-vllm-1"])
+    return f"healthcheck healthy after {secs:.0f} s"
+
+
+def step_smoke(run: Run) -> str:
+    # no LOG: the check reads the service's container through the Docker Engine API
+    out = make(run, "smoke", f"PROFILE={PROFILE}").stdout
+    summary = out.strip().splitlines()[-1]
+    if not re.fullmatch(r"\d+ passed, 0 failed", summary):
+        raise StepFailed(summary)
+    if "log: KV cache tokens" not in out:
+        raise StepFailed("the log checks did not run")
+    (run.work / "server.log").write_text(
+        run.sh(["docker", "logs", f"{PROJECT}-vllm-1"]).stdout, encoding="utf-8"
+    )
+    return summary + " (API checks, and log checks read from the container)"
+
+
+def vllm_bench(run: Run, tokenizer: Path, *args: str) -> dict:
+    result = run.work / f"vllm-bench-{len(list(run.work.glob('vllm-bench-*')))}.json"
+    argv = [
+        str(REPO / ".venv" / "bin" / "python"),
+        "-c",
+        VLLM_BENCH,
+        "--backend",
+        "openai-chat",
+        "--endpoint",
+        "/v1/chat/completions",
+        "--base-url",
+        f"http://127.0.0.1:{HOST_PORT}",
+        "--model",
+        "kit-tiny-chat",
+        "--tokenizer",
+        str(tokenizer),
+        "--dataset-name",
+        "random",
+        "--ignore-eos",
+        "--disable-tqdm",
+        "--save-result",
+        "--result-dir",
+        str(run.work),
+        "--result-filename",
+        result.name,
+        *args,
+    ]
+    run.sh(argv, env={"HF_HUB_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"}, timeout=900)
+    return json.loads(result.read_text())
+
+
+def step_bench(run: Run) -> str:
+    """The kit's bench and `vllm bench serve` on the same server in the same run. Two cores
+    serve and drive the load, so vLLM's client runs before and after the kit's (the mean
+    brackets any drift of the server) on the same workload: decode at concurrency 4 with
+    128-token ignore-EOS streams, prefill TTFT of 1,536-token prompts."""
+    tokenizer = run.work / "tokenizer"
+    run.sh(["docker", "cp", f"{PROJECT}-vllm-1:/opt/models/kit-tiny-chat", str(tokenizer)])
+    decode_args = ("--random-input-len", "4", "--random-output-len", str(DECODE_TOKENS),
+                   "--max-concurrency", str(DECODE_CONCURRENCY),
+                   "--num-prompts", str(DECODE_CONCURRENCY * 40))  # fmt: skip
+    before = vllm_bench(run, tokenizer, *decode_args)["output_throughput"]
+    receipt_path = run.work / "receipt.json"
+    args = (
+        f"--concurrency {DECODE_CONCURRENCY} --duration 20 --warmup 5 --repeats 1 "
+        f"--max-tokens {DECODE_TOKENS} --prefill-tokens {PREFILL_TOKENS} "
+        f"--prefill-repeats {PREFILL_RUNS} --skip parity --out {receipt_path} --log"
+    )
+    make(run, "bench", f"PROFILE={PROFILE}", f"BENCH_ARGS={args}")
+    after = vllm_bench(run, tokenizer, *decode_args)["output_throughput"]
+    prefill = vllm_bench(run, tokenizer, "--random-input-len", str(PREFILL_TOKENS),
+                         "--random-output-len", "1", "--max-concurrency", "1",
+                         "--num-prompts", str(PREFILL_RUNS))  # fmt: skip
+    receipt = json.loads(receipt_path.read_text())
+    cells = receipt["cells"]
+    kit_decode = cells[f"decode-c{DECODE_CONCURRENCY}"]["samples"][0]["output_tok_s"]
+    ttfts = sorted(s["ttft_s"] for s in cells[f"prefill-{PREFILL_TOKENS}"]["samples"])
+    kit_ttft_ms = ttfts[len(ttfts) // 2] * 1000
+    if (receipt["log"] or {}).get("kv_cache_tokens") != 524288:
+        raise StepFailed(f"the receipt's log facts are not the server's: {receipt['log']}")
+    pairs = {
+        f"decode tok/s at c{DECODE_CONCURRENCY}": (kit_decode, (before + after) / 2),
+        f"prefill TTFT ms at {PREFILL_TOKENS} tokens": (kit_ttft_ms, prefill["median_ttft_ms"]),
+    }
+    shown = "; ".join(f"{k} kit {a:.1f} vs vllm bench serve {b:.1f}" for k, (a, b) in pairs.items())
+    shown += f" (vLLM decode before/after {before:.0f}/{after:.0f})"
+    off = [k for k, (a, b) in pairs.items() if abs(a - b) > AGREEMENT * b]
+    if off:
+        raise StepFailed(f"more than {AGREEMENT:.0%} apart on {', '.join(off)}: {shown}")
+    return f"receipt {receipt_path.name}; {shown}, within {AGREEMENT:.0%}"
+
+
+def step_replicas(run: Run) -> str:
+    compose_down(run)
+    make(run, "configure", f"PROFILE={PROFILE}", "REPLICAS=2")
+    compose(run, "up", "--detach")
+    names = [f"{PROJECT}-vllm-0-1", f"{PROJECT}-vllm-1-1"]
+    wait_healthy(run, names)
+    router = f"http://127.0.0.1:{HOST_PORT}"
+    deadline = time.monotonic() + 60
+    while True:  # the router starts once both replicas are healthy
+        try:
+            if requests.get(f"{router}/health", timeout=2).status_code == 200:
+                break
+        except requests.RequestException:
+            pass
+        if time.monotonic() > deadline:
+            raise StepFailed("the router did not answer /health within 60 s")
+        time.sleep(1)
+    # cache-aware routing keeps a prompt on the replica holding its prefix and sends new ones to
+    # the least loaded, so it takes concurrent requests with nothing in common to reach both
+    prompts = [chr(ord("a") + i) * 60 for i in range(16)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda text: chat(router, text, 64, ignore_eos=True), prompts))
+    served = [served_requests(HOST_PORT + 1 + i) for i in range(2)]
+    if not all(served):
+        raise StepFailed(f"requests per replica {served}: the router did not spread them")
+    run.sh(["docker", "kill", names[0]])
+    deadline = time.monotonic() + 60
+    ok = 0
+    while ok < 8:
+        try:
+            answer = chat(router, "Reply with exactly READY")
+            ok = ok + 1 if answer == "READY" else 0
+        except requests.RequestException:
+            ok = 0
+        if time.monotonic() > deadline:
+            raise StepFailed("the endpoint did not keep answering after a replica was killed")
+    return (
+        f"requests per replica {[int(s) for s in served]}; after {names[0]} was killed, "
+        "8 consecutive answers through the router"
+    )
+
+
+def kit_smoke(run: Run, *args: str) -> subprocess.Popen[str]:
+    """`python -m smoke check` reading the service's containers, verdict as JSON."""
+    argv = [str(REPO / ".venv-kit" / "bin" / "python"), "-m", "smoke", "check",
+            "--profile", PROFILE, "--json", *args]  # fmt: skip
+    return subprocess.Popen(argv, cwd=REPO, env=run.env, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+
+
+def step_killed_mid_check(run: Run) -> str:
+    compose_down(run)
+    make(run, "configure", f"PROFILE={PROFILE}")
+    compose(run, "up", "--detach")
+    timeout = 240
+    smoke = kit_smoke(run, "--timeout", str(timeout))
+    time.sleep(8)
+    run.sh(["docker", "kill", f"{PROJECT}-vllm-1"])
+    killed = time.monotonic()
+    out, _ = smoke.communicate(timeout=timeout + 30)
+    after = time.monotonic() - killed
+    failed = [c for c in json.loads(out)["checks"] if not c["ok"]]
+    if smoke.returncode != 1 or not failed or failed[0]["name"] != "ready: server up":
+        raise StepFailed(f"smoke exited {smoke.returncode}, failed {failed[:1]}")
+    if "exit code 137" not in failed[0]["seen"]:
+        raise StepFailed(f"the verdict does not give the exit code: {failed[0]['seen']}")
+    if after > 15:
+        raise StepFailed(f"the wait went on {after:.0f} s after the kill ({timeout} s bound)")
+    return f"'{failed[0]['name']}' failed {after:.0f} s after the kill: {failed[0]['seen'][:110]}"
+
+
+@contextmanager
+def user_setting(line: str) -> Iterator[None]:
+    """A line in compose/.env above the generated block, as a user would add it."""
+    text = ENV_PATH.read_text(encoding="utf-8")
+    ENV_PATH.write_text(f"{line}\n{text}", encoding="utf-8")
+    try:
+        yield
+    finally:
+        ENV_PATH.write_text(text, encoding="utf-8")
+
+
+def step_kv_does_not_fit(run: Run) -> str:
+    compose_down(run)
+    # 1,048,576 tokens x 2,048 bytes = 2 GiB of KV cache for one request; the profile has 1 GiB
+    with user_setting("MAX_MODEL_LEN=1048576"):
+        make(run, "configure", f"PROFILE={PROFILE}")
+        compose(run, "up", "--detach")
+    timeout = 240
+    start = time.monotonic()
+    out, _ = kit_smoke(run, "--timeout", str(timeout)).communicate(timeout=timeout + 30)
+    secs = time.monotonic() - start
+    ready = json.loads(out)["checks"][0]
+    if ready["ok"] or "ValueError: To serve at least one request" not in ready["seen"]:
+        raise StepFailed(f"readiness: {ready}")
+    if secs > timeout / 2:
+        raise StepFailed(f"the wait took {secs:.0f} s of its {timeout} s; it should end at once")
+    return f"wait ended after {secs:.0f} s: {ready['seen'][:150]}"
+
+
+def step_down(run: Run) -> str:
+    compose_down(run)
+    left = project_containers(run)
+    if left:
+        raise StepFailed(f"{len(left)} container(s) of project {PROJECT} remain")
+    return f"no container of project {PROJECT} remains"
+
+
+STEPS: tuple[tuple[str, Callable[[Run], str], tuple[str, ...]], ...] = (
+    ("docker engine, compose, registry", step_engine, ()),
+    (
+        "Debian base image from Debian's packages, pinned",
+        step_base,
+        ("docker engine, compose, registry",),
+    ),
+    (
+        "build the CPU image from the Dockerfile",
+        step_build,
+        ("Debian base image from Debian's packages, pinned",),
+    ),
+    ("push to the local registry", step_push, ("build the CPU image from the Dockerfile",)),
+    ("make pin", step_pin, ("push to the local registry",)),
+    ("remove the local copy", step_remove_local, ("make pin",)),
+    ("docker compose up pulls by digest", step_compose_up, ("remove the local copy",)),
+    ("healthcheck turns healthy", step_healthy, ("docker compose up pulls by digest",)),
+    ("make smoke passes every check", step_smoke, ("healthcheck turns healthy",)),
+    ("make bench agrees with vllm bench serve", step_bench, ("healthcheck turns healthy",)),
+    ("two replicas behind vllm-router", step_replicas, ("make pin",)),
+    ("server killed during the smoke wait", step_killed_mid_check, ("make pin",)),
+    ("KV cache that cannot fit ends the wait", step_kv_does_not_fit, ("make pin",)),
+    ("docker compose down leaves nothing running", step_down, ("make pin",)),
+)
+
+
+def main() -> int:
+    work = Path(tempfile.mkdtemp(prefix="kit-e2e-"))
+    lock = work / "images.lock"
+    shutil.copy2(LOCK_PATH, lock)
+    env = {**os.environ, "KIT_IMAGES_LOCK": str(lock)}
+    for name in ("IMAGE", "PROFILE", "COMPOSE_FILE"):
+        env.pop(name, None)
+    saved_env = work / "user.env"
+    if ENV_PATH.exists():
+        shutil.move(ENV_PATH, saved_env)
+    run = Run(work, env)
+    print(f"e2e work directory {work}", flush=True)
+    try:
+        for name, body, needs in STEPS:
+            run.step(name, lambda body=body: body(run), needs)
+    finally:
+        if ENV_PATH.exists():
+            subprocess.run(
+                ["docker", "compose", "down", "--volumes", "--timeout", "5"],
+                cwd=COMPOSE_DIR,
+                env=env,
+                capture_output=True,
+                check=False,
+            )
+            ENV_PATH.unlink()
+        (COMPOSE_DIR / "replicas.generated.yaml").unlink(missing_ok=True)
+        if saved_env.exists():
+            shutil.move(saved_env, ENV_PATH)
+    passed = sum(ok for _, ok, _, _ in run.results)
+    print(f"e2e: {passed} passed, {len(run.results) - passed} failed")
+    return 0 if passed == len(run.results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
