@@ -96,7 +96,7 @@ def _version_of(path: Path) -> str:
 class Requirement:
     """A knob the profile uses and the evidence that the installed vLLM honours it."""
 
-    name: str  # the fallback name a user passes to accept running without it
+    name: str  # the fallback name a user passes: the knob's own field name
     field: str  # profile path of the knob
     value: str
     needs: str  # what must be true of vLLM, for the message
@@ -200,7 +200,7 @@ def requirements(p: Profile) -> list[Requirement]:
     for key in sorted(e.additional_config or {}):
         reqs.append(
             Requirement(
-                f"additional_config.{key}",
+                key,
                 f"engine.additional_config.{key}",
                 json.dumps(e.additional_config[key]),
                 f"vLLM must read the additional-config key {key!r}",
@@ -254,18 +254,46 @@ def resolve(p: Profile, install: VllmInstall | None) -> Resolution:
     if install is None:
         return Resolution(p, None, ())
     where = f"vLLM {install.version} at {install.root}"
-    taken: list[Requirement] = []
-    for req in reqs:
-        if req.met(install):
-            continue
-        if req.name not in allowed:
-            raise ProfileError(
-                req.field,
-                req.value,
-                f"needs a capability the installed vLLM lacks: {req.needs} ({where})",
-                f"use an image whose vLLM provides it, or accept running unqualified with "
-                f"FALLBACKS={req.name} ({req.fallback})",
-            )
-        taken.append(req)
+    missing = [req for req in reqs if not req.met(install)]
+    refused = [req for req in missing if req.name not in allowed]
+    if refused:
+        first = refused[0]
+        needs = "; ".join(f"{r.field}={r.value}: {r.needs}" for r in refused)
+        names = ",".join(r.name for r in missing)
+        raise ProfileError(
+            first.field if len(refused) == 1 else "capabilities",
+            first.value if len(refused) == 1 else f"{len(refused)} missing",
+            f"the installed vLLM lacks what the profile uses ({where}): {needs}",
+            f"use an image whose vLLM provides it, or accept running unqualified with "
+            f"FALLBACKS={names} ("
+            + "; ".join(f"{r.name}: {r.fallback}" for r in refused)
+            + ")",
+        )
+    for req in missing:
         p = req.drop(p)
-    return Resolution(p, where, tuple(taken))
+    return Resolution(p, where, tuple(missing))
+
+
+def parse_with_vllm(argv: tuple[str, ...], extra: tuple[str, ...]) -> None:
+    """Parse `vllm serve ...` with the installed vLLM's own argument parser (imported only when
+    the profile passes extra arguments through); refuse what vLLM would refuse at start."""
+    import contextlib
+    import io
+
+    try:
+        from vllm.entrypoints.common.cli_args import make_arg_parser
+    except ImportError:  # vLLM 0.32 (the CPU build) keeps it under launchers/
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            parser.parse_args(list(argv[2:]))
+    except SystemExit as exc:
+        why = (err.getvalue().strip().splitlines() or [f"exit {exc.code}"])[-1]
+        raise ProfileError(
+            "engine.extra_args", " ".join(extra), f"vLLM's own parser refuses it ({why})",
+            "fix or drop the argument in VLLM_EXTRA_ARGS",
+        ) from exc  # fmt: skip

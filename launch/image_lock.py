@@ -84,3 +84,17 @@ def resolve_image(
     if not is_digest_ref(ref):
         raise ProfileError(field, ref, "is not a digest reference (tags move)", fix)
     return ref
+
+
+def describe_image(source: str, environ: Mapping[str, str], path: Path = LOCK_PATH) -> str | None:
+    """Which image a profile runs, for the plan: source, lock key and digest reference, or why
+    there is none yet. None where no lock is at hand (inside an image)."""
+    if not path.is_file():
+        return None
+    key = SOURCES[source]
+    try:
+        ref = resolve_image(source, environ, path)
+    except ProfileError as err:
+        return f"{source} ({key}): none usable - {err.rule}; {err.fix}"
+    origin = "IMAGE from the environment or compose/.env" if environ.get("IMAGE") else key
+    return f"{source} ({origin}): {ref}"

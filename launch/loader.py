@@ -7,6 +7,7 @@ never compares a server against a number that no longer applies.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,10 +97,21 @@ def read_raw(name: str) -> dict[str, Any]:
     """The YAML mapping of a shipped profile."""
     path = PROFILE_DIR / f"{name}.yaml"
     if not path.is_file():
+        names = profile_names()
+        close = [n for n in names if n.startswith(name)] or difflib.get_close_matches(name, names)
         raise ProfileError(
-            "profile", name, "is not a shipped profile", f"use one of: {', '.join(profile_names())}"
+            "profile",
+            name,
+            "is not a shipped profile",
+            f"did you mean '{close[0]}'?" if close else f"use one of: {', '.join(names)}",
         )
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise ProfileError(
+            "profile", str(path), f"is not valid YAML ({str(err).splitlines()[0]})",
+            "fix or remove the file",
+        ) from err  # fmt: skip
     if not isinstance(data, dict) or data.get("name") != name:
         raise ProfileError(
             "profile",

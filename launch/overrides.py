@@ -8,6 +8,8 @@ from the qualified profile.
 from __future__ import annotations
 
 import copy
+import difflib
+import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +17,7 @@ from typing import Any
 from launch.errors import ProfileError
 from launch.profile import Profile
 from launch.schema import field_paths, hint_at, parse_text
+from launch.vllm_vocab import HUMAN_READABLE_INT_FIELDS, human_readable_int
 
 # Environment variable -> profile path. The names are the ones of the seeds' launch scripts.
 ENV_OVERRIDES: dict[str, str] = {
@@ -53,6 +56,7 @@ ENV_OVERRIDES: dict[str, str] = {
     "STARTUP_BUDGET_S": "deployment.startup_budget_s",
     "ALLOW_FLOATING_REVISION": "deployment.allow_floating_revision",
     "FALLBACKS": "deployment.fallbacks",
+    "VLLM_EXTRA_ARGS": "engine.extra_args",
 }
 
 # Where and how the container runs, not what the engine computes: changing one is shown, but
@@ -104,11 +108,14 @@ def from_set_args(items: Iterable[str]) -> list[Override]:
             raise ProfileError("--set", item, "must be key=value", "e.g. --set MAX_NUM_SEQS=16")
         path = ENV_OVERRIDES.get(key, key)
         if path not in settable_paths():
+            close = difflib.get_close_matches(key, [*ENV_OVERRIDES, *settable_paths()], n=1)
             raise ProfileError(
                 "--set",
                 item,
                 f"'{key}' is not a settable profile path or known variable",
-                f"use one of {', '.join(sorted(ENV_OVERRIDES))}, or a path such as "
+                f"did you mean '{close[0]}'?"
+                if close
+                else f"use one of {', '.join(sorted(ENV_OVERRIDES))}, or a path such as "
                 "engine.max_num_seqs",
             )
         out.append(Override(path, text, f"--set {key}"))
@@ -124,7 +131,14 @@ def apply(
     deviations: list[str] = []
     placement: list[str] = []
     for ov in overrides:
-        value = parse_text(hint_at(Profile, ov.path), ov.text, f"{ov.origin} ({ov.path})")
+        text = ov.text
+        if ov.path.rsplit(".", 1)[-1] in HUMAN_READABLE_INT_FIELDS:
+            size = human_readable_int(text)
+            text = text if size is None else str(size)
+        if ov.path == "engine.extra_args":
+            value: Any = shlex.split(text)  # as a shell would split a command line
+        else:
+            value = parse_text(hint_at(Profile, ov.path), text, f"{ov.origin} ({ov.path})")
         parts = ov.path.split(".")
         node = data
         for part in parts[:-1]:

@@ -63,6 +63,10 @@ class EngineArgs:
     compilation_config: CompilationConfig | None = None
     speculative_config: SpeculativeConfig | None = None
     additional_config: dict[str, Any] | None = None
+    extra_args: tuple[str, ...] = ()
+    """Other `vllm serve` arguments, passed through after the rendered ones (VLLM_EXTRA_ARGS).
+    A flag the profile renders itself is refused (use its own setting); `launch run` checks
+    the whole command with the installed vLLM's parser before it starts anything."""
 
     @property
     def model_id(self) -> str:

@@ -36,6 +36,8 @@ class Plan:
     deviations: tuple[str, ...]
     checked_against: str | None
     placement: tuple[str, ...] = ()
+    image: str | None = None
+    """Which image runs it (source, lock key, digest), when a lock is at hand."""
 
     @property
     def qualified(self) -> bool:
@@ -51,6 +53,7 @@ class Plan:
             "placement": list(self.placement),
             "qualified": self.qualified,
             "checked_against": self.checked_against,
+            "image": self.image,
         }
 
 
@@ -62,7 +65,7 @@ def engine_argv(engine: EngineArgs) -> list[str]:
     """`vllm serve MODEL --flag value ...` from the engine arguments, in field order."""
     argv = ["vllm", "serve", engine.model]
     for f in fields(engine):
-        if f.name == "model":
+        if f.name in ("model", "extra_args"):
             continue
         value = getattr(engine, f.name)
         if value is None:
@@ -73,7 +76,7 @@ def engine_argv(engine: EngineArgs) -> list[str]:
             argv += [flag(f.name), json.dumps(to_plain(value), separators=(",", ":"))]
         else:
             argv += [flag(f.name), str(value)]
-    return argv
+    return [*argv, *engine.extra_args]
 
 
 def feature_env(features: Features) -> dict[str, str]:
@@ -111,9 +114,11 @@ def render(loaded: Loaded, resolution: Resolution) -> Plan:
                 loaded.placement)  # fmt: skip
 
 
-def format_plan(plan: Plan) -> str:
-    """A copyable, readable shell rendering of the plan (display only; `run` execs the argv)."""
+def plan_header(plan: Plan) -> list[str]:
+    """The plan's comment lines: profile, image, capability check, deviations, placement."""
     lines = [f"# profile: {plan.profile.name} - {plan.profile.summary}"]
+    if plan.image:
+        lines.append(f"# image: {plan.image}")
     if plan.checked_against:
         lines.append(f"# capabilities checked against {plan.checked_against}")
     else:
@@ -126,6 +131,12 @@ def format_plan(plan: Plan) -> str:
     if plan.placement:
         lines.append("# placement (where it runs; does not affect qualification):")
         lines += [f"#   {d}" for d in plan.placement]
+    return lines
+
+
+def format_plan(plan: Plan) -> str:
+    """A copyable, readable shell rendering of the plan (display only; `run` execs the argv)."""
+    lines = plan_header(plan)
     expect = to_plain(plan.profile.expect)
     expect.pop("sources", None)
     lines.append(f"# expect: {json.dumps(expect, separators=(', ', ': '))}")

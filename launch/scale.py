@@ -118,8 +118,31 @@ def _probe(path: str, port: int, failures: int, period: int = PROBE_PERIOD_S) ->
             "timeoutSeconds": 5, "failureThreshold": failures}  # fmt: skip
 
 
-def k8s_manifests(plan: Plan, image: str, router_image: str, replicas: int) -> list[dict]:
-    """StatefulSet of `replicas` vLLM pods, their headless Service, the router and its Service."""
+KIT_MOUNT = "/opt/kit/launch"
+"""Where compose mounts the checkout's launcher for an image without the kit."""
+
+
+def kit_configmap(name: str, files: dict[str, str]) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    """The launcher package as a ConfigMap (keys cannot hold '/', so paths become items)."""
+    keys = {rel: rel.replace("/", "__") for rel in sorted(files)}
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": f"{name}-launch"},
+        "data": {keys[rel]: files[rel] for rel in keys},
+    }, [{"key": key, "path": rel} for rel, key in keys.items()]  # fmt: skip
+
+
+def k8s_manifests(plan: Plan, image: str, router_image: str | None, replicas: int, *,
+                  service: dict[str, Any], kit_files: dict[str, str]) -> list[dict]:  # fmt: skip
+    """StatefulSet of `replicas` vLLM pods and their headless Service; the router and its Service
+    unless `router_image` is None; the launcher ConfigMap where the compose service mounts the
+    checkout's launcher.
+
+    The pod runs what the compose `service` runs (merged compose file, `compose_files`): its
+    entrypoint, its environment (cache directories, PYTHONPATH, GPUS_FROM_RUNTIME; HF_TOKEN from
+    the Secret), and the kit's launcher mounted the same way. `kit_files` maps paths below
+    launch/ to their text.
+    """
     p = plan.profile
     d, e = p.deployment, p.engine
     name = f"glm53-{p.name}"
@@ -132,21 +155,18 @@ def k8s_manifests(plan: Plan, image: str, router_image: str, replicas: int) -> l
         else {}
     )
     env = [{"name": k, "value": v} for k, v in plan.env.items() if k != "CUDA_VISIBLE_DEVICES"]
-    env += [
-        {"name": "GPUS_FROM_RUNTIME", "value": "1"},
-        {"name": "HF_HOME", "value": "/hf"},
-        {"name": "XDG_CACHE_HOME", "value": "/cache"},
-        {"name": "VLLM_CACHE_ROOT", "value": "/cache/vllm"},
-        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": HF_SECRET, "key": "token",
-                                                             "optional": True}}},
-    ]  # fmt: skip
+    env += [{"name": k, "value": str(v)} for k, v in service["environment"].items()
+            if k != "HF_TOKEN"]  # fmt: skip
+    env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+        "name": HF_SECRET, "key": "token", "optional": True}}})  # fmt: skip
+    mounts_kit = any(str(v).endswith(f":{KIT_MOUNT}:ro") for v in service.get("volumes", []))
     pod = {
         "metadata": {"labels": labels},
         "spec": {
             "containers": [{
                 "name": "vllm",
                 "image": image,
-                "command": ["python", "-m", "launch", "run"],
+                "command": list(service["entrypoint"]),
                 "args": [p.name],
                 "env": env,
                 "ports": [{"name": "http", "containerPort": d.port}],
@@ -164,6 +184,15 @@ def k8s_manifests(plan: Plan, image: str, router_image: str, replicas: int) -> l
                                                       "sizeLimit": f"{d.shm_size_gib}Gi"}}],
         },
     }  # fmt: skip
+    docs: list[dict[str, Any]] = []
+    if mounts_kit:
+        configmap, items = kit_configmap(name, kit_files)
+        docs.append(configmap)
+        pod["spec"]["containers"][0]["volumeMounts"].append(
+            {"name": "kit-launch", "mountPath": KIT_MOUNT, "readOnly": True})  # fmt: skip
+        pod["spec"]["volumes"].append(
+            {"name": "kit-launch", "configMap": {"name": configmap["metadata"]["name"],
+                                                 "items": items}})  # fmt: skip
 
     def claim(claim_name: str, size: str) -> dict[str, Any]:
         return {"metadata": {"name": claim_name},
@@ -189,6 +218,9 @@ def k8s_manifests(plan: Plan, image: str, router_image: str, replicas: int) -> l
         "spec": {"clusterIP": "None", "selector": labels,
                  "ports": [{"name": "http", "port": d.port, "targetPort": d.port}]},
     }  # fmt: skip
+    docs += [statefulset, headless]
+    if router_image is None:
+        return docs
     workers = [f"http://{name}-{i}.{name}:{d.port}" for i in range(replicas)]
     router_labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/component": "router"}
     router = {
@@ -213,4 +245,4 @@ def k8s_manifests(plan: Plan, image: str, router_image: str, replicas: int) -> l
         "spec": {"selector": router_labels,
                  "ports": [{"name": "http", "port": 80, "targetPort": ROUTER_PORT}]},
     }  # fmt: skip
-    return [statefulset, headless, router, router_service]
+    return [*docs, router, router_service]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import fields
 
 from launch.errors import ProfileError
 from launch.image_lock import SOURCES as IMAGE_SOURCES
@@ -356,6 +357,27 @@ def check_expectations(p: Profile) -> None:
         )
 
 
+def check_extra_args(p: Profile) -> None:
+    extra = p.engine.extra_args
+    if extra and not extra[0].startswith("--"):
+        raise ProfileError(
+            "engine.extra_args", " ".join(extra), "must start with a --flag",
+            'e.g. VLLM_EXTRA_ARGS="--seed 7 --enable-prefix-caching"',
+        )  # fmt: skip
+    rendered = {"--" + f.name.replace("_", "-") for f in fields(p.engine)} | {"--host", "--port"}
+    for arg in extra:
+        name = arg.split("=", 1)[0]
+        base = "--" + name[5:] if name.startswith("--no-") else name
+        if base in rendered:
+            field = base[2:].replace("-", "_")
+            raise ProfileError(
+                "engine.extra_args", arg,
+                f"sets {base}, which the profile renders from engine.{field}",
+                f"set engine.{field} instead (a variable such as MAX_NUM_SEQS, or --set "
+                f"engine.{field}=...)",
+            )  # fmt: skip
+
+
 def check_port(p: Profile) -> None:
     port = p.deployment.port
     if not 1 <= port <= 65535:
@@ -394,6 +416,7 @@ RULES: tuple[Rule, ...] = (
     check_split_pages,
     check_revisions,
     check_expectations,
+    check_extra_args,
     check_port,
     check_runtime_sizes,
     check_image_source,

@@ -7,6 +7,8 @@ each set with the installed vLLM 0.33.0 (`CUDAGraphMode`, `CacheDType`, `MambaCa
 
 from __future__ import annotations
 
+import re
+
 VLLM_VERSION = "0.33.0"
 
 CUDAGRAPH_MODES = frozenset({"NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"})
@@ -26,3 +28,22 @@ KV_CACHE_DTYPES = frozenset(
 # Speculative methods vLLM 0.33.0 accepts that serve a GLM-5.3 target: a DFlash draft checkpoint,
 # or the checkpoint's own MTP head ("mtp" resolves to glm5_next_mtp).
 GLM53_SPEC_METHODS = frozenset({"dflash", "mtp"})
+
+# EngineArgs fields whose `vllm serve` flag takes a human-readable integer (vLLM 0.33.0
+# `engine/arg_utils.py`: max_model_len, max_num_batched_tokens, kv_cache_memory_bytes, ...).
+HUMAN_READABLE_INT_FIELDS = frozenset({"max_model_len", "max_num_batched_tokens",
+                                       "kv_cache_memory_bytes"})  # fmt: skip
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def human_readable_int(text: str) -> int | None:
+    """vLLM's reading of '128k' (128,000), '12G' (12 x 2^30), '25.6k' (25,600); None when the
+    text has no size suffix (or a decimal with a binary one, which vLLM refuses too)."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", text.strip())
+    if match is None:
+        return None
+    number, suffix = match.groups()
+    if suffix in _DECIMAL:
+        return int(float(number) * _DECIMAL[suffix])
+    return int(number) * _BINARY[suffix] if number.isdigit() else None

@@ -73,6 +73,27 @@ def table(a: dict[str, Any], b: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def kv_budget(argv: list[str]) -> str | None:
+    """The KV budget flag and value of a rendered command, as vLLM was given it."""
+    for flag_name in ("--kv-cache-memory-bytes", "--gpu-memory-utilization"):
+        if flag_name in argv[:-1]:
+            return f"{flag_name} {argv[argv.index(flag_name) + 1]}"
+    return None
+
+
+def warnings(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """What makes the two receipts not a like-for-like A/B: another profile or another KV budget
+    (the seeds compare geometries at the same budget)."""
+    out = []
+    if a["profile"] != b["profile"]:
+        out.append(f"WARNING: different profiles (A {a['profile']}, B {b['profile']})")
+    budgets = [kv_budget((r.get("plan") or {}).get("argv") or []) for r in (a, b)]
+    if budgets[0] != budgets[1]:
+        out.append(f"WARNING: different KV budgets (A {budgets[0]}, B {budgets[1]}): capacity and "
+                   "speed are not compared at the same budget")  # fmt: skip
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     loaded = []
     for field, path in (("A", args.a), ("B", args.b)):
@@ -87,5 +108,7 @@ def run(args: argparse.Namespace) -> int:
             ) from err
     a, b = loaded
     print(f"A: {args.a} ({a['profile']}, {a['date']})\nB: {args.b} ({b['profile']}, {b['date']})")
+    for line in warnings(a, b):
+        print(line)
     print(table(a, b))
     return 0

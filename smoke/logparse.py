@@ -29,6 +29,11 @@ VLLM_LINE = re.compile(
 )
 
 BANNER = re.compile(r"Initializing a V1 LLM engine \(v(?P<version>[^)\s]+)\) with config")
+# Keys of the banner's config that say which model runs how; values as vLLM prints them.
+BANNER_KEYS = re.compile(
+    r"(?:^|[:,] )(?P<key>model|revision|tensor_parallel_size|pipeline_parallel_size|"
+    r"decode_context_parallel_size)=(?P<value>'[^']*'|[^,]+)"
+)
 START = re.compile(r"^non-default args: ")
 # vLLM names the pool's device (`GPU`, `CPU`, `XPU`, ...) and appends ` + host` with hisparse.
 KV_TOKENS = re.compile(
@@ -119,6 +124,22 @@ def parse_geometry(match: re.Match[str]) -> dict[str, Any]:
     }
 
 
+def banner_config(text: str) -> dict[str, Any]:
+    """model, revision and the parallel sizes from the engine banner's config (first of each)."""
+    out: dict[str, Any] = {}
+    for m in BANNER_KEYS.finditer(text):
+        key, value = m.group("key"), m.group("value").strip()
+        if key in out:
+            continue
+        if value.startswith("'"):
+            out[key] = value.strip("'")
+        elif value == "None":
+            out[key] = None
+        else:
+            out[key] = int(value) if value.isdigit() else value
+    return out
+
+
 def _int(text: str) -> int:
     return int(text.replace(",", ""))
 
@@ -128,6 +149,7 @@ class StartFacts:
     """Facts of one server start; replaced when the log shows a new start."""
 
     engine_version: str | None = None
+    engine_config: dict[str, Any] | None = None
     kv_cache_tokens: int | None = None
     kv_cache_device: str | None = None
     max_concurrency: float | None = None
@@ -177,6 +199,7 @@ class ServiceState:
         c = self.current
         return {
             "engine_version": c.engine_version,
+            "engine_config": c.engine_config,
             "kv_cache_tokens": c.kv_cache_tokens,
             "kv_cache_device": c.kv_cache_device,
             "max_concurrency": c.max_concurrency,
@@ -292,6 +315,7 @@ class LogParser:
             if state.starts == 0:
                 state.starts = 1
             c.engine_version = m.group("version")
+            c.engine_config = banner_config(msg[m.end() :])
             return
         if m := KV_TOKENS.search(msg):
             c.kv_cache_tokens = _int(m.group("tokens"))
@@ -354,7 +378,9 @@ class LogParser:
         server's numbers they are would be a guess) and `services` holds each one's facts.
         """
         named = {name: s.facts() for name, s in self.services.items() if s.starts or s.errors}
-        if service is not None:
+        if service is not None and service not in self.services and named:
+            chosen = {**ServiceState().facts(), "service_missing": service}
+        elif service is not None:
             chosen = self.services.get(service, ServiceState()).facts()
         elif len(named) == 1:
             chosen = next(iter(named.values()))

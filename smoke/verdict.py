@@ -31,15 +31,24 @@ def _check(name: str, expected: Any, seen: Any, ok: bool) -> Check:
 def geometry_checks(profile: Profile, facts: dict[str, Any]) -> list[Check]:
     """The log facts against the profile's expectations, one check per expectation."""
     e = profile.expect
+    services = ", ".join(sorted(facts.get("services") or {}))
+    if facts.get("service_missing"):
+        started = f"no service {facts['service_missing']!r} in the log (it has: {services})"
+    elif facts["starts"] == 0 and "," in services:
+        started = f"the log holds several services ({services}): pass --service NAME"
+    else:
+        started = "; ".join(facts["errors"][-1:]) or (
+            "failed" if facts["last_start_failed"] else "started"
+        )
     checks = [
         _check(
             "log: last start succeeded",
             "no startup failure",
-            "; ".join(facts["errors"][-1:])
-            or ("failed" if facts["last_start_failed"] else "started"),
+            started,
             facts["starts"] > 0 and not facts["last_start_failed"],
         ),
     ]
+    checks.append(identity_check(profile, facts))
     if e.engine_version is not None:
         seen = facts.get("engine_version")
         checks.append(
@@ -101,6 +110,28 @@ def geometry_checks(profile: Profile, facts: dict[str, Any]) -> list[Check]:
             )
         )
     return checks
+
+
+def identity_check(profile: Profile, facts: dict[str, Any]) -> Check:
+    """The engine banner's model, revision and parallel sizes against the profile: numbers from
+    another server (another model, TP8 instead of TP4) must not pass as this profile's."""
+    e = profile.engine
+    want = {
+        "model": e.model,
+        "revision": e.revision,
+        "tensor_parallel_size": e.tensor_parallel_size,
+        "pipeline_parallel_size": e.pipeline_parallel_size,
+        "decode_context_parallel_size": e.decode_context_parallel_size,
+    }
+    seen = facts.get("engine_config")
+    got = None if seen is None else {k: seen.get(k) for k in want}
+    shown = None if got is None else ", ".join(f"{k}={v}" for k, v in got.items())
+    return _check(
+        "log: engine runs this profile",
+        ", ".join(f"{k}={v}" for k, v in want.items()),
+        shown,
+        got == want,
+    )
 
 
 def concurrency_check(floor: float, length: int | None, facts: dict[str, Any]) -> Check:

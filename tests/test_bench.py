@@ -178,3 +178,22 @@ def test_make_bench_writes_a_receipt_and_prints_the_cells(tmp_path):
     assert lines[2].startswith("parity run 1/1: ")
     assert lines[-1] == f"receipt: {out}"
     assert set(load(out)["cells"]) == {"decode-c2", "prefill-300", "parity"}
+
+
+def test_compare_warns_when_profiles_or_kv_budgets_differ(tmp_path, receipt_a, capsys):
+    import json
+
+    other = json.loads(receipt_a.read_text())
+    other["profile"] = "mtp3-tp4-split"
+    argv = other["plan"]["argv"]
+    argv[argv.index("--kv-cache-memory-bytes") + 1] = "6442450944"
+    b = tmp_path / "other.json"
+    b.write_text(json.dumps(other))
+    capsys.readouterr()
+    assert main(["compare", str(receipt_a), str(b)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2] == "WARNING: different profiles (A dflash-tp4-dcp4, B mtp3-tp4-split)"
+    assert out[3].startswith(
+        "WARNING: different KV budgets (A --kv-cache-memory-bytes 12884901888, "
+        "B --kv-cache-memory-bytes 6442450944)"
+    )

@@ -128,7 +128,14 @@ def test_up_resolves_the_profile_image_by_digest(capsys, monkeypatch):
     monkeypatch.delenv("IMAGE", raising=False)
     assert main(["up", "dflash-tp4-dcp4", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines() == [
+    lines = out.splitlines()
+    assert lines[:2] == [
+        "# profile: dflash-tp4-dcp4 - TP4/DCP4 target with a DFlash2 draft (7 tokens), 1M "
+        "context, 12 GiB KV budget",
+        f"# image: qualified (QUALIFIED_IMAGE): {QUALIFIED}",
+    ]
+    assert "# qualified: no deviation from the profile" in lines
+    assert lines[-6:] == [
         "PROFILE=dflash-tp4-dcp4",
         "SHM_SIZE=64gb",
         "HEALTH_START_PERIOD=2400s",

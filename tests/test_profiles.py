@@ -34,7 +34,7 @@ def test_cpu_profile_renders_without_gpus_and_states_its_own_capacity():
     assert p.env == {}  # no CUDA_VISIBLE_DEVICES for vLLM's CPU build
     e = p.profile.expect
     assert (e.kv_cache_tokens, e.max_concurrency_min, e.max_concurrency_tokens) == (
-        524288, 256.0, 2048
+        524288, 64.0, 8192
     )
     # the arithmetic the profile cites: 1 GiB / (2 layers x K,V x 4 heads x 32 dims x 4 bytes)
     assert e.kv_cache_tokens == 1073741824 // (2 * 2 * 4 * 32 * 4)
@@ -232,3 +232,35 @@ def test_smoke_default_url_is_the_host_port_compose_publishes(monkeypatch):
     profile = load("cpu-tiny").profile
     monkeypatch.setenv("HOST_PORT", "8100")
     assert default_url(profile) == "http://127.0.0.1:8100"
+
+
+@pytest.mark.parametrize(
+    ("environ", "flag", "value"),
+    [
+        ({"MAX_MODEL_LEN": "128k"}, "--max-model-len", "128000"),
+        ({"MAX_MODEL_LEN": "256K"}, "--max-model-len", "262144"),
+        ({"KV_CACHE_MEMORY": "12G"}, "--kv-cache-memory-bytes", "12884901888"),
+        ({"MAX_NUM_BATCHED_TOKENS": "8K"}, "--max-num-batched-tokens", "8192"),
+    ],
+)
+def test_size_suffixes_read_as_vllm_reads_them(environ, flag, value):
+    assert flag_value(plan("dflash-tp4-dcp4", environ).argv, flag) == value
+
+
+def test_a_broken_profile_file_is_named_and_the_others_still_list(tmp_path, monkeypatch, capsys):
+    import shutil
+
+    from launch import loader
+    from launch.__main__ import main
+    from launch.commands import list_cmd
+
+    for name in profile_names():
+        shutil.copy(loader.PROFILE_DIR / f"{name}.yaml", tmp_path)
+    (tmp_path / "bad.yaml").write_text("name: bad\nengine: [unclosed\n")
+    monkeypatch.setattr(loader, "PROFILE_DIR", tmp_path)
+    monkeypatch.setattr(list_cmd, "PROFILE_DIR", tmp_path)
+    assert main(["list"]) == 2
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"bad                  BROKEN {tmp_path / 'bad.yaml'}: profile=")
+    assert "is not valid YAML" in out[0]
+    assert [line.split()[0] for line in out[1:]] == profile_names()[1:]

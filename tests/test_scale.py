@@ -16,8 +16,9 @@ import requests
 import yaml
 
 from launch.__main__ import main as launch_main
+from launch.compose_files import merged_document
 from smoke.__main__ import main as smoke_main
-from tests.conftest import free_port, wait_http_ok
+from tests.conftest import REPO, free_port, wait_http_ok
 from tests.standin import StandIn
 from tests.test_image_compose import compose_config, runtime_env
 
@@ -45,8 +46,11 @@ def test_k8s_manifests_validate_and_carry_gpus_digest_probes_secret(
     result = subprocess.run([str(BIN / "kubernetes-validate"), "--strict", str(path)],
                             capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("passed for resource") == 4
-    sts, headless, router, router_svc = yaml.safe_load_all(text)
+    assert result.stdout.count("passed for resource") == 5
+    launcher, sts, headless, router, router_svc = yaml.safe_load_all(text)
+    # the pod runs what the compose service runs: its entrypoint, environment and kit mount
+    compose = merged_document("cuda")["services"]["vllm"]
+    assert launcher["kind"] == "ConfigMap"
     assert (sts["kind"], headless["kind"], router["kind"], router_svc["kind"]) == (
         "StatefulSet",
         "Service",
@@ -57,6 +61,20 @@ def test_k8s_manifests_validate_and_carry_gpus_digest_probes_secret(
     pod = sts["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert container["image"] == DIGEST and container["args"] == [name]
+    assert container["command"] == compose["entrypoint"] == ["python3", "-m", "launch", "run"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert {k: env[k] for k in compose["environment"] if k != "HF_TOKEN"} == {
+        k: str(v) for k, v in compose["environment"].items() if k != "HF_TOKEN"
+    }
+    assert env["TRITON_CACHE_DIR"] == "/cache/triton" and env["B12X_CACHE_DIR"] == "/cache/b12x"
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "kit-launch")
+    assert mount == {"name": "kit-launch", "mountPath": "/opt/kit/launch", "readOnly": True}
+    items = next(v for v in pod["volumes"] if v["name"] == "kit-launch")["configMap"]["items"]
+    paths = {i["path"] for i in items}
+    assert {"__main__.py", "commands/run_cmd.py", f"profiles/{name}.yaml"} <= paths
+    assert launcher["data"]["commands__run_cmd.py"] == (
+        REPO / "launch" / "commands" / "run_cmd.py"
+    ).read_text()
     assert container["resources"]["limits"] == {"nvidia.com/gpu": 4}
     assert container["startupProbe"]["httpGet"] == {"path": "/health", "port": 8000}
     startup = container["startupProbe"]
@@ -89,6 +107,17 @@ def replicas_config(capsys, monkeypatch, profile: str, *argv: str) -> dict:
         path.unlink()
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)["services"]
+
+
+def test_k8s_without_a_router_needs_no_kit_image(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("IMAGE", raising=False)
+    monkeypatch.delenv("ROUTER_IMAGE", raising=False)
+    assert launch_main(["render", "dflash-tp4-dcp4", "--format", "k8s", "--replicas", "2",
+                        "--no-router"]) == 0  # fmt: skip
+    kinds = [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)]
+    assert kinds == ["ConfigMap", "StatefulSet", "Service"]
+    assert launch_main(["render", "dflash-tp4-dcp4", "--format", "k8s", "--replicas", "2"]) == 2
+    assert capsys.readouterr().err.startswith("error: KIT_IMAGE='': has no image digest")
 
 
 def test_k8s_manifests_of_the_cpu_profile_ask_for_no_gpu(tmp_path, capsys, monkeypatch):

@@ -18,6 +18,10 @@ from tests.conftest import REPO
 BAD_INPUTS = [
     # (profile, environment, --set values, text the message must contain)
     ("cpu-tiny", {"GPU_DEVICES": "0"}, [], "lists GPUs for a CPU profile"),
+    ("cpu-tiny", {"VLLM_EXTRA_ARGS": "--max-num-seqs 4"}, [], "set engine.max_num_seqs instead"),
+    ("mtp3", {}, [], "is not a shipped profile. Fix: did you mean 'mtp3-tp4-split'?"),
+    ("dflash-tp4-dcp4", {}, ["MAX_NUM_SEQ=16"], "Fix: did you mean 'MAX_NUM_SEQS'?"),
+    ("dflash-tp4-dcp4", {"MAX_MODEL_LEN": "1.5K"}, [], "must be an integer"),
     ("cpu-tiny", {"MODEL_REVISION": "a" * 40}, [], "has no meaning for a model directory"),
     ("cpu-tiny", {}, ["deployment.device=tpu"], "deployment.device='tpu': is not a device"),
     ("dflash-tp4-dcp4", {"DCP": "3"}, [], "engine.decode_context_parallel_size=3"),
@@ -93,7 +97,7 @@ BAD_INPUTS = [
 UPSTREAM_FALLBACKS = (
     "b12x_pcie_allreduce",
     "dcp_ckv_gather",
-    "additional_config.glm53_kda_decode_backend",
+    "glm53_kda_decode_backend",
 )
 
 
@@ -157,9 +161,21 @@ def test_missing_capability_refuses_unless_fallback_named(tmp_path):
     upstream = install.root
     refused = run_launch(tmp_path, ["run", "dflash-tp4-dcp4", "--vllm-root", str(upstream)], {})
     assert refused.returncode == 2
-    assert "features.b12x_pcie_allreduce" in refused.stderr
-    assert "FALLBACKS=b12x_pcie_allreduce" in refused.stderr
+    # every missing capability in one message, fallbacks named as the knobs' own fields
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1
+    assert errors[0].startswith("error: capabilities='3 missing': the installed vLLM lacks ")
+    for knob in ("features.b12x_pcie_allreduce=true", "features.dcp_ckv_gather=true",
+                 "engine.additional_config.glm53_kda_decode_backend"):  # fmt: skip
+        assert knob in errors[0]
+    assert f"FALLBACKS={','.join(UPSTREAM_FALLBACKS)} (" in errors[0]
     assert not (tmp_path / "started").exists()
+    one_left = run_launch(tmp_path, ["run", "dflash-tp4-dcp4", "--vllm-root", str(upstream)],
+                          {"FALLBACKS": "b12x_pcie_allreduce,dcp_ckv_gather"})  # fmt: skip
+    assert one_left.returncode == 2
+    assert "error: engine.additional_config.glm53_kda_decode_backend='\"auto\"'" in (
+        one_left.stderr
+    )
 
     allowed = run_launch(
         tmp_path,
@@ -173,6 +189,29 @@ def test_missing_capability_refuses_unless_fallback_named(tmp_path):
     started = json.loads((tmp_path / "started").read_text())
     assert "--additional-config" not in started["argv"]
     assert started["env"]["B12X_PCIE_ALLREDUCE"] is None
+
+
+def test_extra_args_vllm_refuses_stop_launch_run_before_anything_starts(tmp_path):
+    import json
+
+    from launch.capabilities import find_vllm
+
+    root = str(find_vllm().root)
+    cpu = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}
+    bad = run_launch(tmp_path, ["run", "cpu-tiny", "--vllm-root", root],
+                     {**cpu, "VLLM_EXTRA_ARGS": "--seed 7 --no-such-flag"})  # fmt: skip
+    assert bad.returncode == 2, bad.stderr
+    assert "error: engine.extra_args='--seed 7 --no-such-flag': vLLM's own parser refuses it" in (
+        bad.stderr
+    )
+    assert not (tmp_path / "started").exists()
+    good = run_launch(tmp_path, ["run", "cpu-tiny", "--vllm-root", root],
+                      {**cpu, "VLLM_EXTRA_ARGS": "--seed 7"})  # fmt: skip
+    assert good.returncode == 0, good.stderr
+    assert json.loads((tmp_path / "started").read_text())["argv"][-6:-4] == ["--seed", "7"]
+    assert "engine.extra_args: unset -> --seed,7 (from environment VLLM_EXTRA_ARGS)" in (
+        good.stderr
+    )
 
 
 def test_run_execs_vllm_with_the_rendered_argv_and_environment(tmp_path, fork_vllm_tree):

@@ -28,6 +28,7 @@ VARIANTS = [
     ("dflash-tp4-dcp4", {}),
     ("mtp3-tp4-split", {}),
     ("cpu-tiny", {}),
+    ("cpu-tiny", {"VLLM_EXTRA_ARGS": "--seed 7 --enable-prefix-caching"}),
     (
         "dflash-tp4-dcp4",
         {
@@ -77,7 +78,7 @@ def test_rendered_argv_parses_with_vllm_serve_parser(serve_parser, name, environ
     assert args.model_tag == engine.model
     for field in dataclasses.fields(engine):
         value = getattr(engine, field.name)
-        if field.name == "model" or value is None:
+        if field.name in ("model", "extra_args") or value is None:
             continue
         parsed = getattr(args, field.name)
         if field.name == "compilation_config":
@@ -91,6 +92,8 @@ def test_rendered_argv_parses_with_vllm_serve_parser(serve_parser, name, environ
             assert parsed == [value]
         else:
             assert parsed == value, field.name
+    if engine.extra_args:  # passed through as written, read by vLLM's parser
+        assert (args.seed, args.enable_prefix_caching) == (7, True)
     assert args.host == plan.profile.deployment.host
     assert args.port == plan.profile.deployment.port
 
@@ -143,7 +146,7 @@ def test_capability_detection_on_upstream_vllm_0_33_0():
             "b12x_pcie_allreduce": False,
             "dcp_ckv_gather": False,
             "draft_attention_backend": True,  # FLASH_ATTN is upstream
-            "additional_config.glm53_kda_decode_backend": False,
+            "glm53_kda_decode_backend": False,
         },
         "mtp3-tp4-split": {
             "split_pages": False,  # provided by patches/vllm, not by the pristine wheel
@@ -151,3 +154,26 @@ def test_capability_detection_on_upstream_vllm_0_33_0():
             "draft_attention_backend": False,
         },
     }
+
+
+def test_size_suffixes_are_vllms_own(serve_parser):
+    from vllm.utils.argparse_utils import human_readable_int as vllm_human_readable_int
+
+    from launch.profile import EngineArgs
+    from launch.vllm_vocab import HUMAN_READABLE_INT_FIELDS, human_readable_int
+
+    for text in ("128k", "128K", "12G", "12g", "25.6k", "1T", "3m"):
+        assert human_readable_int(text) == vllm_human_readable_int(text), text
+    # the integer fields of the kit's EngineArgs whose vLLM flag reads "1K" as 1,024
+    accepts = set()
+    for name, hint in typing.get_type_hints(EngineArgs).items():
+        if int not in typing.get_args(hint) and hint is not int:
+            continue
+        flag = "--" + name.replace("_", "-")
+        try:
+            parsed = serve_parser.parse_args(["some/model", flag, "1K"])
+        except SystemExit:
+            continue
+        if getattr(parsed, name) == 1024:
+            accepts.add(name)
+    assert accepts == HUMAN_READABLE_INT_FIELDS

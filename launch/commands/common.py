@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 
 from launch.capabilities import VllmInstall, find_vllm, resolve
 from launch.compose_env import user_settings
 from launch.errors import ProfileError
+from launch.image_lock import describe_image
 from launch.loader import load
 from launch.overrides import from_environment, from_set_args
 from launch.render import Plan, render
@@ -73,7 +75,9 @@ def build_plan(
         + from_set_args(sets)
     )
     loaded = load(name, overrides)
-    return render(loaded, resolve(loaded.profile, install))
+    plan = render(loaded, resolve(loaded.profile, install))
+    image = describe_image(plan.profile.deployment.image, {**(env_file or {}), **environ})
+    return dataclasses.replace(plan, image=image)
 
 
 def plan_from_args(args: argparse.Namespace, *, require_vllm: bool = False) -> Plan:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from launch.loader import load, profile_names
+from launch.errors import USAGE_EXIT, ProfileError
+from launch.loader import PROFILE_DIR, load, profile_names
 
 NAME = "list"
 
@@ -14,7 +15,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
+    """Every profile, each on its own line; a broken file is listed with its error, not fatal
+    to the rest (exit 2 at the end)."""
+    broken = 0
     for name in profile_names():
-        profile = load(name).profile
+        try:
+            profile = load(name).profile
+        except ProfileError as err:
+            broken += 1
+            print(f"{name:20} BROKEN {PROFILE_DIR / (name + '.yaml')}: {err}")
+            continue
         print(f"{name:20} {profile.summary}")
-    return 0
+    return USAGE_EXIT if broken else 0

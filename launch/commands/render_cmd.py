@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from pathlib import Path
 
 import yaml
 
@@ -50,7 +51,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="compose: the router's host port; replica i gets port + 1 + i",
     )
     parser.add_argument("--bind", default=os.environ.get("BIND_ADDRESS", "127.0.0.1"))
+    parser.add_argument(
+        "--no-router", action="store_true", help="k8s: the vLLM pods only, no router in front"
+    )
     return parser
+
+
+def launcher_files() -> dict[str, str]:
+    """The launcher package as text, path below launch/ -> content (for the k8s ConfigMap)."""
+    root = Path(__file__).resolve().parent.parent
+    return {
+        str(path.relative_to(root)): path.read_text(encoding="utf-8")
+        for path in sorted(root.rglob("*"))
+        if path.suffix in (".py", ".yaml") and "__pycache__" not in path.parts
+    }
 
 
 def compose_document(plan: Plan, gpu_sets: str | None, replicas: int | None, host_port: int,
@@ -80,7 +94,11 @@ def run(args: argparse.Namespace) -> int:
         if args.replicas < 1:
             raise ProfileError("--replicas", args.replicas, "must be at least 1", "e.g. 2")
         image = resolve_image(plan.profile.deployment.image, os.environ)
-        router = resolve_image(router_source(plan), os.environ, override_var="ROUTER_IMAGE")
-        docs = k8s_manifests(plan, image, router, args.replicas)
+        router = None
+        if not args.no_router:
+            router = resolve_image(router_source(plan), os.environ, override_var="ROUTER_IMAGE")
+        service = merged_document(plan.profile.deployment.device)["services"]["vllm"]
+        docs = k8s_manifests(plan, image, router, args.replicas, service=service,
+                             kit_files=launcher_files())  # fmt: skip
         print(yaml.safe_dump_all(docs, sort_keys=False), end="")
     return 0

@@ -11,6 +11,7 @@ import os
 import shutil
 import sys
 
+from launch.capabilities import parse_with_vllm
 from launch.commands.common import add_profile_arguments, plan_from_args
 from launch.errors import ProfileError
 from launch.render import format_plan
@@ -29,6 +30,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     plan = plan_from_args(args, require_vllm=True)
+    if plan.profile.engine.extra_args:
+        parse_with_vllm(plan.argv, plan.profile.engine.extra_args)
     print(format_plan(plan), file=sys.stderr, flush=True)
     if args.dry_run:
         return 0

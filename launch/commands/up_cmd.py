@@ -17,6 +17,7 @@ from launch.commands.common import add_profile_arguments
 from launch.commands.configure_cmd import add_replica_arguments, configure, show, write
 from launch.errors import ProfileError
 from launch.image_lock import COMPOSE_DIR
+from launch.render import plan_header
 
 NAME = "up"
 
@@ -37,6 +38,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     result = configure(args, os.environ)
     argv = ["docker", "compose", *(["config"] if args.config else ["up", "--detach"])]
+    print("\n".join(plan_header(result.plan)))
     print(show(result))
     print(f"cd {shlex.quote(str(COMPOSE_DIR))} && {shlex.join(argv)}", flush=True)
     if args.dry_run:

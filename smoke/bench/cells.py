@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import itertools
 import json
+import secrets
 import statistics
 import time
 from dataclasses import dataclass
@@ -23,6 +24,9 @@ from smoke.bench.client import StreamResult, Target, request_json, stream_chat
 from smoke.bench.metrics import acceptance_length, parse_spec_counters
 
 FILLER = "hello"
+RUN_ID = secrets.token_hex(4)
+"""Starts every prefill prompt of this process: a bench run again on the same server must not be
+served from the prefix cache the previous run filled."""
 PIECES = (" a", ".", "a", " ")
 """Short pieces that close the gap when whole filler words overshoot by more than one token."""
 
@@ -194,7 +198,7 @@ async def exact_prompt(target: Target, model: str, tokens: int, salt: str) -> st
 
 
 async def prefill_cell(target: Target, settings: Settings, tokens: int, run: int) -> dict[str, Any]:
-    prompt = await exact_prompt(target, settings.model, tokens, f"prefill run {run}:")
+    prompt = await exact_prompt(target, settings.model, tokens, f"prefill {RUN_ID} run {run}:")
     payload = chat_payload(settings.model, prompt, 1, stream=True)
     result = await stream_chat(target, payload, timeout=settings.request_timeout)
     if not result.ok or result.t_first is None:
