@@ -151,4 +151,11 @@ def load(name: str, overrides: Iterable[Override] = ()) -> Loaded:
             *deviations,
             *(f"expect.{field} not checked: {why}" for field, why in sorted(reasons.items())),
         ]
-    return Loaded(validate(profile), tuple(deviations), tuple(placement))
+    try:
+        validate(profile)
+    except ProfileError as err:
+        given = [d for d in (*deviations, *placement) if not d.startswith("expect.")]
+        if given:  # the value may not be the field's own: say which overrides were in effect
+            err.rule += f" (overrides in effect: {'; '.join(given)})"
+        raise
+    return Loaded(profile, tuple(deviations), tuple(placement))

@@ -96,7 +96,7 @@ def compose_replicas(plan: Plan, gpu_sets: list[tuple[int, ...]], *, base: dict[
             device["device_ids"] = [",".join(map(str, gpus))]
         services[f"vllm-{i}"] = service
     services["router"] = {
-        "image": "${ROUTER_IMAGE:?ROUTER_IMAGE is set by make up from KIT_IMAGE (vllm-router)}",
+        "image": "${ROUTER_IMAGE:?ROUTER_IMAGE (vllm-router) is written by make configure}",
         "entrypoint": router_argv([f"http://vllm-{i}:{port}" for i in range(len(gpu_sets))]),
         "ports": [f"{bind}:{host_port}:{ROUTER_PORT}"],
         "depends_on": {f"vllm-{i}": {"condition": "service_healthy"}

@@ -264,3 +264,13 @@ def test_a_broken_profile_file_is_named_and_the_others_still_list(tmp_path, monk
     assert out[0].startswith(f"bad                  BROKEN {tmp_path / 'bad.yaml'}: profile=")
     assert "is not valid YAML" in out[0]
     assert [line.split()[0] for line in out[1:]] == profile_names()[1:]
+
+
+def test_a_refused_value_from_compose_env_says_where_it_came_from():
+    from launch.errors import ProfileError
+
+    with pytest.raises(ProfileError) as caught:
+        build_plan("dflash-tp4-dcp4", (), {}, None, {"MAX_NUM_SEQS": "8"})
+    assert caught.value.field == "engine.compilation_config.max_cudagraph_capture_size"
+    origin = "engine.max_num_seqs: 32 -> 8 (from compose/.env MAX_NUM_SEQS)"
+    assert f"(overrides in effect: {origin})" in str(caught.value)
