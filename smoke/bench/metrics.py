@@ -48,3 +48,18 @@ def acceptance_length(before: SpecCounters | None, after: SpecCounters | None) -
     if drafts <= 0:
         return None
     return 1.0 + (after.accepted_tokens - before.accepted_tokens) / drafts
+
+
+GENERATION = "vllm:generation_tokens_total"
+"""The server's own count of generated tokens (a counter, summed over label sets)."""
+
+
+def parse_generation_tokens(text: str) -> float | None:
+    """`vllm:generation_tokens_total` from a /metrics text; None when the server has none."""
+    total, seen = 0.0, False
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match and match.group("name") in (GENERATION, GENERATION.removesuffix("_total")):
+            total += float(match.group("value"))
+            seen = True
+    return total if seen else None
