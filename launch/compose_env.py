@@ -18,9 +18,6 @@ from launch.profile import Profile
 
 ENV_PATH = COMPOSE_DIR / ".env"
 MARKER = "# ---- written by `python -m launch configure`; edit the settings above this line ----"
-GENERATED = ("PROFILE", "IMAGE", "ROUTER_IMAGE", "SHM_SIZE", "HEALTH_START_PERIOD", "COMPOSE_FILE")
-"""Every key the marker block holds; a user setting of one of these above the marker wins for
-IMAGE only (an explicit digest), the others are derived from the profile."""
 
 
 def _split(path: Path) -> tuple[list[str], list[str]]:

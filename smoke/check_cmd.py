@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     tail: LogSource = LogTail(log_path, parser)
     if not args.log and not args.no_log:
         client = connect()
-        tail = ContainerLogs(client, find_service_containers(client, profile.name), parser)
+        tail = ContainerLogs(find_service_containers(client, profile.name), parser)
         print(f"reading the log of {tail.describe()}", file=sys.stderr, flush=True)
 
     def progress(line: str) -> None:

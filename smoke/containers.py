@@ -128,8 +128,7 @@ def logs_since_start(containers: list[Any]) -> list[str]:
 class ContainerLogs:
     """Log source for the smoke check: the compose service's containers, read live."""
 
-    def __init__(self, client: Any, containers: list[Any], parser: LogParser) -> None:
-        self.client = client
+    def __init__(self, containers: list[Any], parser: LogParser) -> None:
         self.containers = containers
         self.parser = parser
         self.lines: queue.Queue[str] = queue.Queue()
