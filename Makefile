@@ -35,6 +35,7 @@ $(TEST_STAMP): tests/env/requirements-cpu.txt pyproject.toml
 	$(TEST_PY) -m pip install --quiet --no-deps vllm==0.33.0
 	$(TEST_PY) -m pip install --quiet -r tests/env/requirements-cpu.txt
 	$(TEST_PY) -m pip install --quiet --no-deps -e .
+	$(TEST_PY) -m pip download --quiet --no-deps lmcache==0.5.6 -d $(TEST_VENV)/wheels
 	touch $@
 
 $(KIT_STAMP): pyproject.toml
@@ -100,8 +101,8 @@ e2e: $(TEST_STAMP) $(KIT_STAMP)
 # Resolve a tag to its digest through the registry API and write it into compose/images.lock.
 SOURCE ?= kit
 pin: $(KIT_STAMP)
-	@test -n "$(IMAGE)" || { echo "usage: make pin IMAGE=repo:tag [SOURCE=kit|qualified|cpu|base|cpu-base]"; exit 2; }
-	$(KIT_PY) -m launch pin $(IMAGE) --source $(SOURCE)
+	@test -n "$(IMAGE)" || { echo "usage: make pin IMAGE=repo:tag [SOURCE=kit|qualified|cpu|base|cpu-base] [LOCAL=1]"; exit 2; }
+	$(KIT_PY) -m launch pin $(IMAGE) --source $(SOURCE) $(if $(LOCAL),--local)
 
 SMOKE_ARGS ?=
 smoke: $(KIT_STAMP)

@@ -4,8 +4,11 @@ No weights can be downloaded on the machines that test this kit, so the CPU imag
 model at build time: a byte-level BPE tokenizer learnt from the smoke prompts, a chat template,
 and a 2-layer, 128-wide Llama trained (seeded, a few hundred steps on the CPU) until greedy
 decoding reproduces every answer. The build then checks those answers with transformers, so an
-image whose model does not answer is never produced. The prompts come from `smoke.api`: the model
-learns exactly what the smoke check asks.
+image whose model does not answer is never produced. The prompts come from `smoke.api` and
+`smoke.agent_api`: the model learns exactly what the smoke check asks, in GLM's formats, so that
+vLLM's own `glm45` reasoning parser and `glm47` tool parser run on its output: thinking as
+`<think>...</think>` (skipped when `enable_thinking` is false, as GLM-4.x's template does), tool
+calls as `<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value></tool_call>`.
 
     python docker/tiny_model.py --out /opt/models/kit-tiny-chat
 """
@@ -13,17 +16,34 @@ learns exactly what the smoke check asks.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 CHAT_TEMPLATE = (
+    "{% if tools %}<|system|>tools:{% for t in tools %} {{ t['function']['name'] }}{% endfor %}"
+    "<|end|>{% endif %}"
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    "{% if add_generation_prompt %}<|assistant|>"
+    "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}"
+    "{% endif %}"
 )
+"""GLM-4.x's shape: tools named in a system turn, and `enable_thinking=false` closes an empty
+think block so the model answers at once."""
 SPECIAL = ["<|end|>", "<|pad|>", "<|system|>", "<|user|>", "<|assistant|>"]
+MARKUP = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>",
+          "<arg_value>", "</arg_value>"]  # fmt: skip
+"""GLM's reasoning and tool-call tags: single tokens, kept in decoded text (not special), as
+vLLM's GLM parsers read them."""
 EOS = "<|end|>"
 SEED = 20261201
+TRAINED_LAYERS = 2
+SERVED_LAYERS = 8
+SERVED_INTERMEDIATE = 16384
+"""Served shape: KV cache per token = 8 layers x (K + V) x 4 heads x 32 dims x 4 bytes = 8 KiB,
+the figure profile cpu-tiny's expectations are computed from."""
 MAX_POSITIONS = 4_194_304
 """Position limit in config.json, far above any length served, so that a start asked for more
 context than its KV cache holds fails on the cache (the check the e2e run makes), not here."""
@@ -63,23 +83,48 @@ def count_words(limit: int = 100) -> list[str]:
     return words[:limit]
 
 
-def conversations() -> list[tuple[str, str]]:
-    """(user prompt, exact answer) pairs the model must reproduce under greedy decoding."""
+@dataclass(frozen=True)
+class Conversation:
+    """A request as the smoke check sends it, and the exact text the model must answer."""
+
+    prompt: str
+    answer: str
+    thinking: bool = True
+    tools: tuple[dict, ...] = ()
+
+    def render(self) -> str:
+        from jinja2 import Environment
+
+        return Environment().from_string(CHAT_TEMPLATE).render(
+            messages=[{"role": "user", "content": self.prompt}],
+            tools=list(self.tools) or None,
+            add_generation_prompt=True,
+            enable_thinking=self.thinking,
+        )
+
+
+def conversations() -> list[Conversation]:
+    """What the model must reproduce under greedy decoding."""
+    from smoke.agent_api import STRUCTURED_PROMPT, TOOL_CITY, TOOL_PROMPT, WEATHER_TOOL
     from smoke.api import LENGTH_PROMPT, READY_PROMPT
 
+    call = (f"<tool_call>{WEATHER_TOOL['function']['name']}<arg_key>city</arg_key>"
+            f"<arg_value>{TOOL_CITY}</arg_value></tool_call>")  # fmt: skip
     return [
-        (READY_PROMPT, "READY"),
-        (LENGTH_PROMPT, ", ".join(count_words())),
-        ("hello", "Hello! " + " ".join(count_words(40))),
+        Conversation(READY_PROMPT, "READY", thinking=False),
+        Conversation(READY_PROMPT, "<think>One word is asked for.</think>READY"),
+        Conversation(LENGTH_PROMPT, ", ".join(count_words()), thinking=False),
+        Conversation("hello", "Hello! " + " ".join(count_words(40)), thinking=False),
+        Conversation("hello", "<think>A greeting.</think>Hello! " + " ".join(count_words(40))),
+        Conversation(
+            TOOL_PROMPT, "<think>The weather needs the tool.</think>" + call, tools=(WEATHER_TOOL,)
+        ),
+        Conversation(STRUCTURED_PROMPT, '{"answer": "READY"}', thinking=False),
     ]
 
 
-def render(prompt: str) -> str:
-    return f"<|user|>{prompt}<|end|><|assistant|>"
-
-
 def train_tokenizer(texts: list[str]):  # -> tokenizers.Tokenizer
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -91,6 +136,7 @@ def train_tokenizer(texts: list[str]):  # -> tokenizers.Tokenizer
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKUP])
     return tok
 
 
@@ -100,7 +146,7 @@ def build(out: Path, steps: int = 400) -> None:
 
     torch.manual_seed(SEED)
     pairs = conversations()
-    raw = train_tokenizer([render(p) + a + EOS for p, a in pairs] * 4)
+    raw = train_tokenizer([c.render() + c.answer + EOS for c in pairs] * 4)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=raw, eos_token=EOS, pad_token="<|pad|>", chat_template=CHAT_TEMPLATE
     )
@@ -108,7 +154,7 @@ def build(out: Path, steps: int = 400) -> None:
         vocab_size=raw.get_vocab_size(),
         hidden_size=128,
         intermediate_size=256,
-        num_hidden_layers=2,
+        num_hidden_layers=TRAINED_LAYERS,
         num_attention_heads=4,
         num_key_value_heads=4,
         max_position_embeddings=MAX_POSITIONS,
@@ -120,9 +166,9 @@ def build(out: Path, steps: int = 400) -> None:
     )
     model = LlamaForCausalLM(config)
     batch = []
-    for prompt, answer in pairs:
-        head = raw.encode(render(prompt)).ids
-        tail = raw.encode(answer + EOS).ids
+    for c in pairs:
+        head = raw.encode(c.render()).ids
+        tail = raw.encode(c.answer + EOS).ids
         ids = torch.tensor(head + tail)
         labels = ids.clone()
         labels[: len(head)] = -100  # learn the answers, not the prompts
@@ -139,31 +185,75 @@ def build(out: Path, steps: int = 400) -> None:
     failures = check(model, tokenizer, pairs)
     if failures:
         sys.exit("tiny model does not reproduce its answers:\n" + "\n".join(failures))
+    model = with_ballast(model, SERVED_LAYERS, SERVED_INTERMEDIATE)
+    failures = check(model, tokenizer, pairs)
+    if failures:
+        sys.exit("ballast changed the model's answers:\n" + "\n".join(failures))
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     (out / "kit-tiny-model.json").write_text(
-        json.dumps({"seed": SEED, "steps": steps, "answers": dict(pairs)}, indent=2) + "\n"
+        json.dumps(
+            {
+                "seed": SEED,
+                "steps": steps,
+                "trained_layers": TRAINED_LAYERS,
+                "ballast": "layers past trained_layers and MLP neurons past the trained width "
+                "have zero output projections",
+                "answers": [dataclasses.asdict(c) for c in pairs],
+            },
+            indent=2,
+        )
+        + "\n"
     )
     print(f"tiny chat model written to {out} (final loss {loss.item():.4f})")
 
 
-def check(model, tokenizer, pairs: list[tuple[str, str]]) -> list[str]:
+def with_ballast(model, layers: int, intermediate: int):  # -> LlamaForCausalLM
+    """The trained model widened and deepened without changing a single output.
+
+    Extra MLP neurons of the trained layers get random gate/up rows and zero down_proj columns;
+    extra layers get random attention and MLP inputs and zero o_proj and down_proj. Each added
+    term is multiplied by an exact zero before it reaches the residual stream."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    trained = model.config.num_hidden_layers
+    config = LlamaConfig(
+        **{**model.config.to_dict(), "num_hidden_layers": layers, "intermediate_size": intermediate}
+    )
+    served = LlamaForCausalLM(config)
+    state = served.state_dict()
+    with torch.no_grad():
+        for name, weight in model.state_dict().items():
+            target = state[name]
+            if target.shape == weight.shape:
+                target.copy_(weight)
+            elif name.endswith("mlp.down_proj.weight"):
+                target.zero_()
+                target[:, : weight.shape[1]].copy_(weight)
+            else:  # gate_proj / up_proj: the trained rows first
+                target[: weight.shape[0]].copy_(weight)
+        for i in range(trained, layers):
+            state[f"model.layers.{i}.self_attn.o_proj.weight"].zero_()
+            state[f"model.layers.{i}.mlp.down_proj.weight"].zero_()
+    served.load_state_dict(state)
+    return served.eval()
+
+
+def check(model, tokenizer, pairs: list[Conversation]) -> list[str]:
     """Greedy answers through the chat template, compared with the training answers."""
     import torch
 
     failures = []
-    for prompt, answer in pairs:
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt"
-        )
-        if not isinstance(ids, torch.Tensor):
-            ids = ids["input_ids"]
+    for c in pairs:
+        ids = tokenizer(c.render(), return_tensors="pt")["input_ids"]
         with torch.no_grad():
-            out = model.generate(ids, max_new_tokens=len(answer) + 8, do_sample=False)
+            out = model.generate(ids, max_new_tokens=len(c.answer) + 8, do_sample=False)
         text = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
-        if text != answer:
-            failures.append(f"  {prompt!r}: got {text!r}, want {answer!r}")
+        if text != c.answer:
+            failures.append(f"  {c.prompt!r} (thinking {c.thinking}): got {text!r}, "
+                            f"want {c.answer!r}")  # fmt: skip
     return failures
 
 

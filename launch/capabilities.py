@@ -15,17 +15,25 @@ import dataclasses
 import importlib.metadata
 import importlib.util
 import json
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
 from launch.errors import ProfileError
+from launch.kv_offload import OFF
 from launch.profile import Profile
 
 _ENUM_MEMBER = re.compile(r"^\s{4}([A-Z][A-Z0-9_]*)\s*=", re.MULTILINE)
 _REGISTRY = Path("v1/attention/backends/registry.py")
+LMCACHE_CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.lmcache_mp_connector"
+"""The module vLLM loads for --kv-offloading-backend lmcache (LMCacheMPConnector)."""
+_REGISTRY_KEY = re.compile(r'^    "([\w.-]+)": \(', re.MULTILINE)
+_TORCH_REQ = re.compile(r"^torch\s*(?P<spec>[=<>!~][^;]*)?(?:;.*)?$")
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,63 @@ class VllmInstall:
         start = text.find("class AttentionBackendEnum")
         end = text.find("\nclass ", start + 1)
         return frozenset(_ENUM_MEMBER.findall(text[start : end if end > 0 else None]))
+
+    def _registry(self, path: str, table: str) -> frozenset[str]:
+        """Names of a lazy-registration table (`NAME = {"name": (module, class), ...}`)."""
+        file = self.root / path
+        if not file.is_file():
+            return frozenset()
+        text = file.read_text(encoding="utf-8")
+        start = text.find(f"{table} = {{")
+        if start < 0:
+            return frozenset()
+        end = text.find("\n}", start)
+        return frozenset(_REGISTRY_KEY.findall(text[start:end]))
+
+    @cached_property
+    def reasoning_parsers(self) -> frozenset[str]:
+        return self._registry("reasoning/__init__.py", "_REASONING_PARSERS_TO_REGISTER")
+
+    @cached_property
+    def tool_parsers(self) -> frozenset[str]:
+        return self._registry("tool_parsers/__init__.py", "_TOOL_PARSERS_TO_REGISTER")
+
+    def distribution(self, name: str) -> importlib.metadata.Distribution | None:
+        """An installed distribution beside this vLLM (same site-packages), or None."""
+        found = importlib.metadata.distributions(name=name, path=[str(self.root.parent)])
+        return next(iter(found), None)
+
+    @cached_property
+    def lmcache_problem(self) -> str | None:
+        """Why LMCache cannot serve here, or None: not installed; a torch pin the image's torch
+        does not meet; or vLLM's LMCache connector failing to import (a wheel whose compiled ops
+        were built for another torch or CUDA stops there with an undefined symbol). Installing
+        another wheel at start would crash later instead, so the kit refuses."""
+        from packaging.specifiers import SpecifierSet  # vLLM's own dependency
+
+        lmcache, torch = self.distribution("lmcache"), self.distribution("torch")
+        if lmcache is None:
+            return "LMCache is not installed in this image"
+        if torch is None:
+            return "torch is not installed in this image"
+        pins = [m.group("spec") or "" for r in lmcache.requires or [] if (m := _TORCH_REQ.match(r))]
+        wanted = SpecifierSet(pins[0].strip()) if pins else SpecifierSet()
+        if torch.version.split("+")[0] not in wanted:
+            return (
+                f"LMCache {lmcache.version} requires torch{wanted}, the image has torch "
+                f"{torch.version}"
+            )
+        probe = subprocess.run(
+            [sys.executable, "-c", f"import {LMCACHE_CONNECTOR}"],
+            env={**os.environ, "PYTHONPATH": str(self.root.parent)},
+            capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        if probe.returncode != 0:
+            last = (probe.stderr.strip().splitlines() or [f"exit {probe.returncode}"])[-1]
+            return (
+                f"LMCache {lmcache.version} does not load with torch {torch.version}: {last[:200]}"
+            )
+        return None
 
 
 def find_vllm(root: str | Path | None = None) -> VllmInstall | None:
@@ -104,6 +169,12 @@ class Requirement:
     met: Callable[[VllmInstall], bool]
     drop: Callable[[Profile], Profile]
     expect_dropped: tuple[str, ...]
+    explain: Callable[[VllmInstall], str | None] | None = None
+    """What exactly is missing on this install, when more than `needs` can say."""
+
+    def why(self, install: VllmInstall) -> str:
+        detail = self.explain(install) if self.explain else None
+        return f"{self.needs} ({detail})" if detail else self.needs
 
 
 def _replace(p: Profile, **engine_or_features: object) -> Profile:
@@ -197,6 +268,50 @@ def requirements(p: Profile) -> list[Requirement]:
                 ("backends",),
             )
         )
+    for field, kind, registry in (
+        ("reasoning_parser", "reasoning parser", "reasoning_parsers"),
+        ("tool_call_parser", "tool-call parser", "tool_parsers"),
+    ):
+        name = getattr(e, field)
+        if name is None:
+            continue
+        reqs.append(
+            Requirement(
+                field,
+                f"engine.{field}",
+                name,
+                f"vLLM must register the {kind} {name!r}",
+                f"no {kind}: the output is returned as the model writes it"
+                + (" (and no auto tool choice)" if field == "tool_call_parser" else ""),
+                lambda v, n=name, r=registry: n in getattr(v, r),
+                lambda q, f=field: _replace(
+                    q, **{f: None},
+                    **({"enable_auto_tool_choice": None} if f == "tool_call_parser" else {}),
+                ),
+                (),
+                explain=lambda v, r=registry: "it registers "
+                + ", ".join(sorted(getattr(v, r))[:60]),
+            )
+        )  # fmt: skip
+    offload = e.kv_offload
+    if offload is not None and offload.backend != OFF:
+        backend = offload.backend
+        reqs.append(
+            Requirement(
+                "kv_offload",
+                "engine.kv_offload.backend",
+                backend,
+                "vLLM must read --kv-offloading-backend"
+                + (" and the image must provide LMCache built for its torch"
+                   if backend == "lmcache" else ""),
+                "GPU KV cache only, no host tier",
+                lambda v, b=backend: v.reads("kv_offloading_backend")
+                and (b != "lmcache" or v.lmcache_problem is None),
+                lambda q: _replace(q, kv_offload=None),
+                (),
+                explain=lambda v, b=backend: v.lmcache_problem if b == "lmcache" else None,
+            )
+        )  # fmt: skip
     for key in sorted(e.additional_config or {}):
         reqs.append(
             Requirement(
@@ -258,16 +373,14 @@ def resolve(p: Profile, install: VllmInstall | None) -> Resolution:
     refused = [req for req in missing if req.name not in allowed]
     if refused:
         first = refused[0]
-        needs = "; ".join(f"{r.field}={r.value}: {r.needs}" for r in refused)
+        needs = "; ".join(f"{r.field}={r.value}: {r.why(install)}" for r in refused)
         names = ",".join(r.name for r in missing)
         raise ProfileError(
             first.field if len(refused) == 1 else "capabilities",
             first.value if len(refused) == 1 else f"{len(refused)} missing",
             f"the installed vLLM lacks what the profile uses ({where}): {needs}",
             f"use an image whose vLLM provides it, or accept running unqualified with "
-            f"FALLBACKS={names} ("
-            + "; ".join(f"{r.name}: {r.fallback}" for r in refused)
-            + ")",
+            f"FALLBACKS={names} (" + "; ".join(f"{r.name}: {r.fallback}" for r in refused) + ")",
         )
     for req in missing:
         p = req.drop(p)

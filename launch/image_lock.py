@@ -4,6 +4,9 @@
 (this kit's CUDA image, empty until `make pin`), `QUALIFIED_IMAGE` (the seed's qualified runtime)
 and `CPU_IMAGE` (the kit's CPU image), plus the bases the builds start from. A profile names its
 source in `deployment.image`. A tag is never accepted where a digest is required: tags move.
+A profile image may also be pinned by its local image ID (`sha256:<64 hex>`, `make pin LOCAL=1`):
+content-addressed like a digest, but it exists only on the engine that built it, so compose can
+run it there and nothing else can pull it (the Kubernetes renderer refuses it).
 `KIT_IMAGES_LOCK` points every command at another lock file (the e2e run pins into a copy, so a
 checkout's tracked lock is never rewritten by a test).
 """
@@ -30,11 +33,17 @@ DIGEST_REF = re.compile(
     r"^(?P<name>[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*)"
     r"@(?P<digest>sha256:[0-9a-f]{64})$"
 )
+LOCAL_ID = re.compile(r"^sha256:[0-9a-f]{64}$")
+"""An image ID of the local engine (the image config's digest)."""
 _LINE = re.compile(r"^(?P<key>[A-Z_][A-Z0-9_]*)=(?P<value>.*)$")
 
 
 def is_digest_ref(ref: str) -> bool:
     return DIGEST_REF.match(ref) is not None
+
+
+def is_local_id(ref: str) -> bool:
+    return LOCAL_ID.match(ref) is not None
 
 
 def parse_env(lines: list[str]) -> dict[str, str]:
@@ -66,10 +75,16 @@ def write_lock(updates: Mapping[str, str], path: Path = LOCK_PATH) -> None:
 
 
 def resolve_image(
-    source: str, environ: Mapping[str, str], path: Path = LOCK_PATH, *, override_var: str = "IMAGE"
+    source: str,
+    environ: Mapping[str, str],
+    path: Path = LOCK_PATH,
+    *,
+    override_var: str = "IMAGE",
+    local_ok: bool = True,
 ) -> str:
     """The digest reference for `source`: `override_var` from the environment (profile images
-    only), else the lock's entry."""
+    only), else the lock's entry. A local image ID counts for profile images where the image runs
+    on this engine (`local_ok`), never for the builds' bases."""
     key = PIN_KEYS[source]
     override = environ.get(override_var) if source in SOURCES else None
     ref = override if override else read_lock(path).get(key, "")
@@ -81,6 +96,15 @@ def resolve_image(
     )  # fmt: skip
     if not ref:
         raise ProfileError(field, ref, "has no image digest", fix)
+    if is_local_id(ref):
+        if local_ok and source in SOURCES:
+            return ref
+        raise ProfileError(
+            field, ref,
+            "is a local image ID: it exists only on the engine that built it, and nothing can "
+            "pull it from there",
+            f"push the image and pin it by digest: `make pin IMAGE=repo:tag SOURCE={source}`",
+        )  # fmt: skip
     if not is_digest_ref(ref):
         raise ProfileError(field, ref, "is not a digest reference (tags move)", fix)
     return ref
@@ -97,4 +121,5 @@ def describe_image(source: str, environ: Mapping[str, str], path: Path = LOCK_PA
     except ProfileError as err:
         return f"{source} ({key}): none usable - {err.rule}; {err.fix}"
     origin = "IMAGE from the environment or compose/.env" if environ.get("IMAGE") else key
-    return f"{source} ({origin}): {ref}"
+    where = " (a local image ID: runs on this engine only)" if is_local_id(ref) else ""
+    return f"{source} ({origin}): {ref}{where}"

@@ -23,9 +23,14 @@ from launch.validate import validate
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 
-# Engine settings that change what the API calls the model, not what the engine computes: they
-# never invalidate an expectation.
-NEUTRAL_ENGINE_PATHS = ("engine.served_model_name",)
+# Engine settings that change what the API calls the model or how it parses the output, not what
+# the engine computes: they never invalidate an expectation.
+NEUTRAL_ENGINE_PATHS = (
+    "engine.served_model_name",
+    "engine.reasoning_parser",
+    "engine.tool_call_parser",
+    "engine.enable_auto_tool_choice",
+)
 # Capacity moves with nearly every engine or feature setting, so any other change there drops
 # the capacity figures.
 CAPACITY = ("engine.", "features.")

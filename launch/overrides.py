@@ -57,10 +57,17 @@ ENV_OVERRIDES: dict[str, str] = {
     "ALLOW_FLOATING_REVISION": "deployment.allow_floating_revision",
     "FALLBACKS": "deployment.fallbacks",
     "VLLM_EXTRA_ARGS": "engine.extra_args",
+    "REASONING_PARSER": "engine.reasoning_parser",
+    "TOOL_CALL_PARSER": "engine.tool_call_parser",
+    "ENABLE_AUTO_TOOL_CHOICE": "engine.enable_auto_tool_choice",
+    "ENABLE_PREFIX_CACHING": "engine.enable_prefix_caching",
+    "CACHE_MODE": "engine.kv_offload.backend",
+    "KV_OFFLOADING_SIZE_GB": "engine.kv_offload.size_gib",
 }
 
 # Where and how the container runs, not what the engine computes: changing one is shown, but
-# never makes a run unqualified (the image, fallbacks and floating revisions do).
+# never makes a run unqualified (the image, fallbacks and floating revisions do). The smoke
+# check's own settings (`smoke.*`) are shown the same way.
 PLACEMENT_PATHS = (
     "deployment.gpu_devices",
     "deployment.gpus_from_runtime",
@@ -152,7 +159,8 @@ def apply(
             continue
         node[parts[-1]] = value
         line = f"{ov.path}: {_show(old)} -> {_show(value)} (from {ov.origin})"
-        (placement if ov.path in PLACEMENT_PATHS else deviations).append(line)
+        shown_only = ov.path in PLACEMENT_PATHS or ov.path.startswith("smoke.")
+        (placement if shown_only else deviations).append(line)
     return data, deviations, placement
 
 

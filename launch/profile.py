@@ -37,6 +37,19 @@ class CompilationConfig:
 
 
 @dataclass(frozen=True)
+class KVOffload:
+    """A host-memory KV tier below the GPU cache: vLLM's `--kv-offloading-backend` and
+    `--kv-offloading-size` (rendered only when the backend is not `vram`)."""
+
+    backend: str = "vram"
+    """`vram` (no host tier: GPU KV cache only), `native` (vLLM's own CPU offload, staged through
+    /dev/shm) or `lmcache` (LMCache's connector; the image must provide LMCache)."""
+    size_gib: float = 32.0
+    """Host memory for the tier in GiB, summed over the tensor-parallel ranks (vLLM's
+    kv_offloading_size); with none set vLLM offloads nothing."""
+
+
+@dataclass(frozen=True)
 class EngineArgs:
     """Arguments of `vllm serve`, named as vLLM's EngineArgs fields; each renders as --field."""
 
@@ -59,10 +72,19 @@ class EngineArgs:
     linear_backend: str | None = None
     kda_prefill_backend: str | None = None
     served_model_name: str | None = None
+    enable_prefix_caching: bool | None = None
+    reasoning_parser: str | None = None
+    """A name in the installed vLLM's reasoning-parser registry (`vllm/reasoning/__init__.py`):
+    the model's thinking goes to `reasoning_content`, the answer to `content`."""
+    tool_call_parser: str | None = None
+    """A name in vLLM's tool-parser registry (`vllm/tool_parsers/__init__.py`)."""
+    enable_auto_tool_choice: bool | None = None
+    """`tool_choice: "auto"` requests get parsed `tool_calls` (needs tool_call_parser)."""
     enforce_eager: bool | None = None
     compilation_config: CompilationConfig | None = None
     speculative_config: SpeculativeConfig | None = None
     additional_config: dict[str, Any] | None = None
+    kv_offload: KVOffload | None = None
     extra_args: tuple[str, ...] = ()
     """Other `vllm serve` arguments, passed through after the rendered ones (VLLM_EXTRA_ARGS).
     A flag the profile renders itself is refused (use its own setting); `launch run` checks
@@ -155,6 +177,20 @@ class Expect:
 
 
 @dataclass(frozen=True)
+class Smoke:
+    """The smoke check's request checks that depend on the model, not on the flags: the parser
+    checks follow from the engine's parsers, these from what the model can do."""
+
+    vision: bool = False
+    """The model takes images: a single-colour PNG made in memory must be named."""
+    context_tokens: int | None = None
+    """Long-context check: a needle planted in a prompt of exactly this many tokens (built with
+    the server's /tokenize) must come back; None runs none. `--context-tokens` overrides it."""
+    needle_depth: float = 0.5
+    """Where the needle sits in the prompt, as a fraction of its length."""
+
+
+@dataclass(frozen=True)
 class Profile:
     """A named, qualified serving configuration."""
 
@@ -165,4 +201,5 @@ class Profile:
     features: Features = field(default_factory=Features)
     deployment: Deployment = field(default_factory=Deployment)
     expect: Expect = field(default_factory=Expect)
+    smoke: Smoke = field(default_factory=Smoke)
     sources: tuple[str, ...] = ()

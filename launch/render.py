@@ -14,8 +14,9 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from launch.capabilities import Resolution
+from launch.kv_offload import OFF, OFFLOAD_FLAGS
 from launch.loader import Loaded, drop_expectations
-from launch.profile import EngineArgs, Features, Profile
+from launch.profile import EngineArgs, Features, KVOffload, Profile
 from launch.schema import to_plain
 
 # Environment variables by feature; the names are the ones the seeds' qualified runs used.
@@ -61,11 +62,18 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def offload_argv(offload: KVOffload | None) -> list[str]:
+    if offload is None or offload.backend == OFF:
+        return []
+    backend, size = OFFLOAD_FLAGS
+    return [flag(backend), offload.backend, flag(size), f"{offload.size_gib:g}"]
+
+
 def engine_argv(engine: EngineArgs) -> list[str]:
     """`vllm serve MODEL --flag value ...` from the engine arguments, in field order."""
     argv = ["vllm", "serve", engine.model]
     for f in fields(engine):
-        if f.name in ("model", "extra_args"):
+        if f.name in ("model", "extra_args", "kv_offload"):
             continue
         value = getattr(engine, f.name)
         if value is None:
@@ -76,7 +84,7 @@ def engine_argv(engine: EngineArgs) -> list[str]:
             argv += [flag(f.name), json.dumps(to_plain(value), separators=(",", ":"))]
         else:
             argv += [flag(f.name), str(value)]
-    return [*argv, *engine.extra_args]
+    return [*argv, *offload_argv(engine.kv_offload), *engine.extra_args]
 
 
 def feature_env(features: Features) -> dict[str, str]:

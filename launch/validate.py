@@ -13,11 +13,22 @@ from dataclasses import fields
 
 from launch.errors import ProfileError
 from launch.image_lock import SOURCES as IMAGE_SOURCES
+from launch.kv_offload import (
+    GIB,
+    OFF,
+    OFFLOAD_FLAGS,
+    gib,
+    region_bytes,
+    shm_needed_bytes,
+    vllm_shm_bytes,
+)
+from launch.overrides import ENV_OVERRIDES
 from launch.profile import GLM53_ARCHITECTURE, Profile
 from launch.vllm_vocab import (
     CUDAGRAPH_MODES,
     GLM53_SPEC_METHODS,
     KV_CACHE_DTYPES,
+    KV_OFFLOADING_BACKENDS,
     MAMBA_CACHE_MODES,
 )
 
@@ -357,25 +368,106 @@ def check_expectations(p: Profile) -> None:
         )
 
 
+def check_smoke(p: Profile) -> None:
+    sm = p.smoke
+    if not 0.0 <= sm.needle_depth <= 1.0:
+        raise ProfileError("smoke.needle_depth", sm.needle_depth, "must be within 0..1",
+                           "e.g. 0.5 (half-way into the prompt)")  # fmt: skip
+    limit = p.engine.max_model_len
+    if sm.context_tokens is not None and limit is not None and sm.context_tokens >= limit:
+        raise ProfileError(
+            "smoke.context_tokens", sm.context_tokens,
+            f"leaves no room to answer within engine.max_model_len ({limit})",
+            f"use fewer than {limit} tokens",
+        )  # fmt: skip
+
+
 def check_extra_args(p: Profile) -> None:
     extra = p.engine.extra_args
     if extra and not extra[0].startswith("--"):
         raise ProfileError(
             "engine.extra_args", " ".join(extra), "must start with a --flag",
-            'e.g. VLLM_EXTRA_ARGS="--seed 7 --enable-prefix-caching"',
+            'e.g. VLLM_EXTRA_ARGS="--seed 7 --max-logprobs 5"',
         )  # fmt: skip
-    rendered = {"--" + f.name.replace("_", "-") for f in fields(p.engine)} | {"--host", "--port"}
+    rendered = {"--" + f.name.replace("_", "-"): f"engine.{f.name}" for f in fields(p.engine)}
+    rendered |= {"--host": "deployment.host", "--port": "deployment.port"}
+    offload_fields = ("engine.kv_offload.backend", "engine.kv_offload.size_gib")
+    rendered |= {"--" + f.replace("_", "-"): path
+                 for f, path in zip(OFFLOAD_FLAGS, offload_fields, strict=True)}  # fmt: skip
+    variables = {path: name for name, path in ENV_OVERRIDES.items()}
     for arg in extra:
         name = arg.split("=", 1)[0]
         base = "--" + name[5:] if name.startswith("--no-") else name
         if base in rendered:
-            field = base[2:].replace("-", "_")
+            field = rendered[base]
+            variable = f"{variables[field]}=..., or " if field in variables else ""
             raise ProfileError(
                 "engine.extra_args", arg,
-                f"sets {base}, which the profile renders from engine.{field}",
-                f"set engine.{field} instead (a variable such as MAX_NUM_SEQS, or --set "
-                f"engine.{field}=...)",
+                f"sets {base}, which the profile renders from {field}",
+                f"set {field} instead ({variable}--set {field}=...)",
             )  # fmt: skip
+
+
+def check_kv_offload(p: Profile) -> None:
+    """The host tier: a known mode, a positive size, a device vLLM offloads from, and (native)
+    shared memory for its region plus vLLM's own queues. Host memory is checked at run time."""
+    o = p.engine.kv_offload
+    if o is None:
+        return
+    modes = (OFF, *sorted(KV_OFFLOADING_BACKENDS))
+    if o.backend not in modes:
+        raise ProfileError("engine.kv_offload.backend", o.backend, "is not a KV cache mode",
+                           f"use one of {', '.join(modes)} (CACHE_MODE)")  # fmt: skip
+    if o.size_gib <= 0:
+        raise ProfileError("engine.kv_offload.size_gib", o.size_gib, "must be a positive "
+                           "number of GiB", "e.g. KV_OFFLOADING_SIZE_GB=64")  # fmt: skip
+    if o.backend == OFF:
+        return
+    if p.deployment.device == "cpu":
+        raise ProfileError(
+            "engine.kv_offload.backend", o.backend,
+            "offloads a GPU KV cache; vLLM's CPU build refuses it at start ('CPU Offloading is "
+            "currently only supported on CUDA-alike and XPU GPUs', v1/kv_offload/cpu/spec.py)",
+            "leave CACHE_MODE unset (or vram) for CPU profiles",
+        )  # fmt: skip
+    if o.backend != "native":
+        return  # LMCache's own server holds its tiers; vLLM maps no region for it
+    world = p.engine.tensor_parallel_size * p.engine.pipeline_parallel_size
+    need, have = shm_needed_bytes(o.size_gib, world), p.deployment.shm_size_gib * GIB
+    if need > have:
+        raise ProfileError(
+            "deployment.shm_size_gib", p.deployment.shm_size_gib,
+            f"is too small for the native KV tier: its /dev/shm region "
+            f"{gib(region_bytes(o.size_gib))} + vLLM's own {gib(vllm_shm_bytes(world))} "
+            f"({world} workers) = {gib(need)} needed, {gib(have)} given",
+            f"SHM_SIZE_GIB={-(-need // GIB)}, or a smaller KV_OFFLOADING_SIZE_GB",
+        )  # fmt: skip
+
+
+def check_host_memory(p: Profile, available: int | None) -> None:
+    """At run time: the host tier must fit in the memory the host (or the container's cgroup)
+    can still give; `available` is read from /proc/meminfo and the cgroup by the caller."""
+    o = p.engine.kv_offload
+    if o is None or o.backend != "native" or available is None:
+        return
+    need = region_bytes(o.size_gib)
+    if need > available:
+        raise ProfileError(
+            "engine.kv_offload.size_gib", o.size_gib,
+            f"needs {gib(need)} of host memory for the native KV tier, and this host can give "
+            f"{gib(available)} (MemAvailable, capped by the container's memory limit)",
+            f"KV_OFFLOADING_SIZE_GB={int(available // GIB)} or less, or free host memory",
+        )  # fmt: skip
+
+
+def check_tool_choice(p: Profile) -> None:
+    e = p.engine
+    if e.enable_auto_tool_choice and not e.tool_call_parser:
+        raise ProfileError(
+            "engine.enable_auto_tool_choice", True,
+            "needs engine.tool_call_parser (vLLM refuses --enable-auto-tool-choice without one)",
+            "set TOOL_CALL_PARSER (glm47 for GLM-5.x), or ENABLE_AUTO_TOOL_CHOICE=false",
+        )  # fmt: skip
 
 
 def check_port(p: Profile) -> None:
@@ -416,7 +508,10 @@ RULES: tuple[Rule, ...] = (
     check_split_pages,
     check_revisions,
     check_expectations,
+    check_smoke,
     check_extra_args,
+    check_kv_offload,
+    check_tool_choice,
     check_port,
     check_runtime_sizes,
     check_image_source,

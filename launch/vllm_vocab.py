@@ -2,7 +2,8 @@
 
 They let `make plan` reject a typo on a machine without vLLM. `tests/test_vllm_parser.py` compares
 each set with the installed vLLM 0.33.0 (`CUDAGraphMode`, `CacheDType`, `MambaCacheMode`,
-`SpeculativeMethod`), so a drift fails the tests instead of silently disagreeing with vLLM.
+`SpeculativeMethod`, `KVOffloadingBackend`), so a drift fails the tests instead of silently
+disagreeing with vLLM.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ KV_CACHE_DTYPES = frozenset(
 # Speculative methods vLLM 0.33.0 accepts that serve a GLM-5.3 target: a DFlash draft checkpoint,
 # or the checkpoint's own MTP head ("mtp" resolves to glm5_next_mtp).
 GLM53_SPEC_METHODS = frozenset({"dflash", "mtp"})
+
+# `KVOffloadingBackend` of vLLM 0.33.0 (`config/cache.py`): the values of --kv-offloading-backend.
+KV_OFFLOADING_BACKENDS = frozenset({"native", "lmcache"})
 
 # EngineArgs fields whose `vllm serve` flag takes a human-readable integer (vLLM 0.33.0
 # `engine/arg_utils.py`: max_model_len, max_num_batched_tokens, kv_cache_memory_bytes, ...).

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,8 @@ from smoke.verdict import Check
 READY_PROMPT = "Reply with exactly READY"
 LENGTH_PROMPT = "Count from one to one hundred in words, separated by commas."
 LENGTH_LIMIT = 5
+REASONING_BUDGET = 2048
+"""max_tokens of an exact-answer request to a reasoning server: the thinking comes first."""
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,15 @@ class Server:
     model_id: str
     api_key: str | None = None
     timeout: float = 60.0
+    reasoning: bool = False
+    """The server separates reasoning (the profile names a reasoning parser). Exact-answer
+    requests then ask for no thinking (`chat_template_kwargs.enable_thinking=false`, GLM-4.x's
+    switch) and leave room for it anyway: vLLM 0.33.0 notes that GLM-5.3's template has no such
+    switch and always reasons (`vllm/parser/glm47_moe.py`), and the answer is judged from
+    `content` alone."""
+
+    def answer_budget(self, tokens: int) -> int:
+        return max(tokens, REASONING_BUDGET) if self.reasoning else tokens
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -64,25 +75,68 @@ def _json(response: requests.Response) -> dict[str, Any]:
     return data
 
 
-def _post_chat(
-    server: Server, prompt: str, max_tokens: int, *, stream: bool = False
+def _post_json(
+    server: Server, extra: dict[str, Any], *, thinking_off: bool = False
 ) -> requests.Response:
-    """One greedy chat completion request (streamed with usage when `stream`)."""
-    body: dict[str, Any] = {
-        "model": server.model_id,
-        "messages": [{"role": "user", "content": prompt}],
-        "temperature": 0,
-        "max_tokens": max_tokens,
-    }
-    if stream:
-        body |= {"stream": True, "stream_options": {"include_usage": True}}
+    """One greedy chat completion request with `extra` fields (messages, max_tokens, ...);
+    `thinking_off` asks a reasoning server for a direct answer."""
+    body: dict[str, Any] = {"model": server.model_id, "temperature": 0, **extra}
+    if thinking_off and server.reasoning:
+        body["chat_template_kwargs"] = {"enable_thinking": False}
     return requests.post(
         server.url("/v1/chat/completions"),
         json=body,
         headers=server.headers(),
-        stream=stream,
+        stream=bool(body.get("stream")),
         timeout=(5, server.timeout),
     )
+
+
+def _post_chat(
+    server: Server, prompt: str, max_tokens: int, *, stream: bool = False
+) -> requests.Response:
+    """One greedy exact-answer request (streamed with usage when `stream`)."""
+    extra: dict[str, Any] = {
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+    }
+    if stream:
+        extra |= {"stream": True, "stream_options": {"include_usage": True}}
+    return _post_json(server, extra, thinking_off=True)
+
+
+class StreamCut(CheckFailed):
+    """The stream ended without `data: [DONE]`."""
+
+
+def _sse_chunks(server: Server, response: requests.Response) -> Iterator[dict[str, Any]]:
+    """The JSON chunks of a streamed response until [DONE], within the request timeout; a
+    stream that ends without [DONE] raises `StreamCut`."""
+    deadline = time.monotonic() + server.timeout
+    if response.status_code != 200:
+        raise CheckFailed(f"HTTP {response.status_code}")
+    try:
+        for raw in response.iter_lines(chunk_size=None, decode_unicode=False):
+            if time.monotonic() > deadline:
+                raise CheckFailed(f"stream exceeded {server.timeout:.0f} s")
+            line = raw.decode("utf-8", "replace").strip()
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                return
+            try:
+                yield json.loads(data)
+            except ValueError as err:
+                raise CheckFailed(f"chunk is not JSON: {data[:60]!r}") from err
+    finally:
+        response.close()
+    raise StreamCut("stream ended without [DONE]")
+
+
+def _stream_chunks(server: Server, extra: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The JSON chunks of a streamed request with `extra` fields."""
+    return _sse_chunks(server, _post_json(server, extra))
 
 
 def _ask(server: Server, prompt: str, max_tokens: int) -> dict[str, Any]:
@@ -125,7 +179,7 @@ def check_model_id(server: Server) -> Check:
 
 def check_ready_answer(server: Server) -> Check:
     def body() -> str:
-        data = _ask(server, READY_PROMPT, 16)
+        data = _ask(server, READY_PROMPT, server.answer_budget(16))
         content = (_choice(data).get("message") or {}).get("content")
         if not isinstance(content, str) or content.strip() != "READY":
             raise CheckFailed(f"answer {content!r}")
@@ -166,35 +220,20 @@ def check_length_limit(server: Server) -> Check:
 
 def check_stream(server: Server) -> Check:
     def body() -> str:
-        deadline = time.monotonic() + server.timeout
-        response = _post_chat(server, LENGTH_PROMPT, 32, stream=True)
-        if response.status_code != 200:
-            raise CheckFailed(f"HTTP {response.status_code}")
         arrivals: list[float] = []
-        done = False
-        for raw in response.iter_lines(chunk_size=None, decode_unicode=False):
-            if time.monotonic() > deadline:
-                raise CheckFailed(f"stream exceeded {server.timeout:.0f} s")
-            line = raw.decode("utf-8", "replace").strip()
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                done = True
-                break
-            try:
-                chunk = json.loads(data)
-            except ValueError as err:
-                raise CheckFailed(f"chunk is not JSON: {data[:60]!r}") from err
-            for choice in chunk.get("choices") or []:
-                if (choice.get("delta") or {}).get("content"):
-                    arrivals.append(time.monotonic())
-        response.close()
-        if not done:
-            raise CheckFailed(f"stream ended without [DONE] after {len(arrivals)} content chunks")
+        response = _post_chat(server, LENGTH_PROMPT, 32, stream=True)
+        try:
+            for chunk in _sse_chunks(server, response):
+                for choice in chunk.get("choices") or []:
+                    delta = choice.get("delta") or {}
+                    # text or reasoning (`reasoning` in vLLM 0.33, `reasoning_content` before)
+                    if any(delta.get(k) for k in ("content", "reasoning", "reasoning_content")):
+                        arrivals.append(time.monotonic())
+        except StreamCut as err:
+            raise CheckFailed(f"{err} after {len(arrivals)} text chunks") from err
         if len(arrivals) < 2:
-            raise CheckFailed(f"{len(arrivals)} content chunk(s); not incremental")
-        return f"{len(arrivals)} content chunks, then [DONE]"
+            raise CheckFailed(f"{len(arrivals)} text chunk(s); not incremental")
+        return f"{len(arrivals)} text chunks, then [DONE]"
 
     return _guard("api: streaming SSE", "incremental chunks ending in [DONE]", body)
 

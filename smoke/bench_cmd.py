@@ -21,7 +21,14 @@ from launch.compose_env import default_url, user_settings
 from launch.errors import ProfileError
 from launch.image_lock import PIN_KEYS, read_lock, resolve_image
 from smoke.bench import receipt as receipts
-from smoke.bench.cells import BenchError, Settings, decode_cell, parity_cell, prefill_cell
+from smoke.bench.cells import (
+    BenchError,
+    Settings,
+    decode_cell,
+    parity_cell,
+    prefill_cell,
+    prefix_reuse_cell,
+)
 from smoke.bench.client import Target
 from smoke.containers import connect, find_service_containers, logs_since_start
 from smoke.logparse import parse_lines
@@ -69,7 +76,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--prefill-repeats", type=_positive(int), default=3)
     p.add_argument("--parity-prompt-tokens", type=_positive(int), default=25210)
     p.add_argument("--parity-max-tokens", type=_positive(int), default=3072)
-    p.add_argument("--skip", choices=["prefill", "parity"], action="append", default=[])
+    p.add_argument(
+        "--reuse-tokens",
+        type=_positive(int),
+        help="prefix-reuse cell: length of the prompt sent again (default the smaller of 32768 "
+        "and half the profile's max_model_len)",
+    )
+    p.add_argument(
+        "--reuse-evict-tokens",
+        type=_positive(int),
+        help="prefix-reuse cell: tokens of other prompts sent in between (default the log's KV "
+        "cache tokens + 10%%, so the first prompt leaves the GPU cache)",
+    )
+    p.add_argument("--skip", choices=["prefill", "parity", "reuse"], action="append", default=[])
     p.add_argument("--request-timeout", type=_positive(float), default=600.0)
     return p
 
@@ -100,12 +119,14 @@ def _log_facts(log: str | None, profile: str) -> dict[str, Any] | None:
         with path.open(encoding="utf-8", errors="replace", newline="") as fh:
             facts = parse_lines(fh)
     keys = ("engine_version", "gpu_names", "kv_cache_tokens", "max_concurrency",
-            "max_concurrency_tokens", "kv_geometry", "backends", "startup_failed")  # fmt: skip
+            "max_concurrency_tokens", "kv_cache_device", "kv_geometry", "kv_offload", "backends",
+            "startup_failed")  # fmt: skip
     return {key: facts.get(key) for key in keys}
 
 
 async def run_cells(args: argparse.Namespace, target: Target, settings: Settings,
-                    receipt: dict[str, Any], out: Path) -> None:  # fmt: skip
+                    receipt: dict[str, Any], out: Path,
+                    reuse: tuple[int, int] | None) -> None:  # fmt: skip
     cells = receipt["cells"]
 
     async def cell(name: str, kind: str, runs: int, make) -> None:  # type: ignore[no-untyped-def]
@@ -139,6 +160,25 @@ async def run_cells(args: argparse.Namespace, target: Target, settings: Settings
         await cell("parity", "parity", 1,
                    lambda _i: parity_cell(target, settings, args.parity_prompt_tokens,
                                           args.parity_max_tokens))  # fmt: skip
+    if reuse is None and "reuse" in (receipt.get("skipped") or {}):
+        print(f"reuse: skipped, {receipt['skipped']['reuse']}", flush=True)
+    if reuse is not None:
+        length, evict = reuse
+        await cell(f"reuse-{length}", "prefix_reuse", 1,
+                   lambda _i: prefix_reuse_cell(target, settings, length, evict,
+                                                length))  # fmt: skip
+
+
+def reuse_sizes(args: argparse.Namespace, max_model_len: int | None,
+                log: dict[str, Any] | None) -> tuple[int, int] | None:  # fmt: skip
+    """(prompt length, evicting tokens) of the prefix-reuse cell: to leave the GPU cache the
+    first prompt must be followed by more tokens than the cache holds, which the log says;
+    None (the cell is skipped, and the receipt says why) when nothing says how many."""
+    length = args.reuse_tokens or min(32768, (max_model_len or 65536) // 2)
+    if args.reuse_evict_tokens:
+        return length, args.reuse_evict_tokens
+    held = (log or {}).get("kv_cache_tokens")
+    return (length, int(held * 1.1)) if held else None
 
 
 def _brief(sample: dict[str, Any]) -> str:
@@ -149,6 +189,10 @@ def _brief(sample: dict[str, Any]) -> str:
                 + f", {sample['requests_failed']} failed")  # fmt: skip
     if sample["kind"] == "prefill":
         return f"{sample['prompt_tok_s']:.0f} prompt tok/s" if sample["ok"] else sample["error"]
+    if sample["kind"] == "prefix_reuse":
+        return (f"TTFT {sample['ttft_first_s']:.3f} s, again after "
+                f"{sample['evicting_tokens']:,} other tokens {sample['ttft_repeat_s']:.3f} s; "
+                f"host tier served {sample['host_tier_hit_tokens']} tokens")  # fmt: skip
     return sample.get("sha256") or sample.get("error", "")
 
 
@@ -188,8 +232,13 @@ def run(args: argparse.Namespace) -> int:
             "cells": {},
         }  # fmt: skip
     settings = Settings(plan.profile.engine.model_id, args.max_tokens, args.request_timeout)
+    max_len = plan.profile.engine.max_model_len
+    reuse = None if "reuse" in args.skip else reuse_sizes(args, max_len, receipt.get("log"))
+    if reuse is None and "reuse" not in args.skip:
+        receipt["skipped"] = {"reuse": "the GPU cache size is unknown: no --log and no "
+                              "--reuse-evict-tokens"}  # fmt: skip
     try:
-        asyncio.run(run_cells(args, target, settings, receipt, out))
+        asyncio.run(run_cells(args, target, settings, receipt, out, reuse))
     except BenchError as err:
         receipts.save(out, receipt)
         print(f"error: {err}", file=sys.stderr)

@@ -15,6 +15,7 @@ from pathlib import Path
 from launch.commands.common import add_set_argument, build_plan
 from launch.compose_env import default_url, user_settings
 from launch.errors import ProfileError
+from smoke.agent_api import CHECK_KEYS, DEFAULT_CONCURRENCY, run_agent_checks
 from smoke.api import Server, run_api_checks
 from smoke.containers import ContainerLogs, connect, find_service_containers
 from smoke.logparse import LogParser
@@ -59,6 +60,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         default=os.environ.get("VLLM_API_KEY"),
         help="bearer token (default $VLLM_API_KEY)",
     )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=DEFAULT_CONCURRENCY,
+        help=f"simultaneous requests of the concurrency check (default {DEFAULT_CONCURRENCY})",
+    )
+    parser.add_argument(
+        "--context-tokens",
+        type=int,
+        help="long-context check length (default the profile's smoke.context_tokens)",
+    )
+    parser.add_argument("--only", choices=CHECK_KEYS, action="append", default=[],
+                        help="run only these request checks (repeatable)")  # fmt: skip
+    parser.add_argument("--skip", choices=CHECK_KEYS, action="append", default=[],
+                        help="skip these request checks (repeatable)")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="machine-readable verdict")
     return parser
 
@@ -85,10 +101,15 @@ def run(args: argparse.Namespace) -> int:
                 "is not a readable file",
                 "pass the server's log file, or - to read standard input",
             )
+    for name, value in (("--concurrency", args.concurrency),
+                        ("--context-tokens", args.context_tokens)):  # fmt: skip
+        if value is not None and value < 1:
+            raise ProfileError(name, value, "must be a positive number", f"e.g. {name} 8")
     plan = build_plan(args.profile, args.sets, os.environ, None, user_settings())
     profile = plan.profile
     url = args.url or default_url(profile)
-    server = Server(url, profile.engine.model_id, args.api_key, args.request_timeout)
+    server = Server(url, profile.engine.model_id, args.api_key, args.request_timeout,
+                    reasoning=profile.engine.reasoning_parser is not None)  # fmt: skip
     parser = LogParser()
     tail: LogSource = LogTail(log_path, parser)
     if not args.log and not args.no_log:
@@ -102,6 +123,8 @@ def run(args: argparse.Namespace) -> int:
     checks = [wait_ready(server, args.timeout, tail, progress, service=args.service)]
     if checks[0].ok:
         checks += run_api_checks(server)
+        checks += run_agent_checks(server, profile, args.concurrency, args.context_tokens,
+                                   tuple(args.only), tuple(args.skip))  # fmt: skip
     if args.log == "-":
         for line in sys.stdin:
             parser.feed(line)

@@ -1,8 +1,9 @@
 """`python -m smoke compare A.json B.json`: two bench receipts as the seeds' A/B table.
 
 Per cell: the mean of A and of B and the relative change of B against A (target steps/s for
-decode when acceptance was measured, else output tok/s; prompt tok/s for prefill), the KV
-capacity each server's log reported, and whether the parity hashes match.
+decode when acceptance was measured, else output tok/s; prompt tok/s for prefill; the repeat's
+TTFT for the prefix-reuse cell, beside each side's host KV tier), the KV capacity each server's
+log reported, and whether the parity hashes match.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def _metric(cell: dict[str, Any]) -> tuple[str, float | None]:
         if s["target_steps_s"] is not None:
             return "target steps/s", s["target_steps_s"]
         return "output tok/s", s["output_tok_s"]
+    if cell["kind"] == "prefix_reuse":
+        return "repeat TTFT s", s["ttft_repeat_s"]
     return "prompt tok/s", s["prompt_tok_s"]
 
 
@@ -56,6 +59,9 @@ def table(a: dict[str, Any], b: dict[str, Any]) -> str:
         if label_b != label:
             vb = None
         rows.append((name, label, _fmt(va), _fmt(vb), _change(va, vb)))
+    tiers = [_tier((r.get("plan") or {}).get("argv") or []) for r in (a, b)]
+    if any(n.startswith("reuse-") for n in names) or tiers[0] != tiers[1]:
+        rows.append(("host KV tier", "backend, GiB", tiers[0], tiers[1], "-"))
     capacity = [((r.get("log") or {}).get("kv_cache_tokens")) for r in (a, b)]
     rows.append(("capacity", "KV tokens (log)", _fmt(capacity[0]), _fmt(capacity[1]),
                  _change(*capacity)))  # fmt: skip
@@ -71,6 +77,15 @@ def table(a: dict[str, Any], b: dict[str, Any]) -> str:
             f"parity: {verdict} (A {parity[0][:16]}..., B {parity[1][:16]}...); {COLD_JIT}"
         )
     return "\n".join(lines)
+
+
+def _tier(argv: list[str]) -> str:
+    """The host KV tier a rendered command asks for (`--kv-offloading-*`), or none."""
+    if "--kv-offloading-backend" not in argv[:-1]:
+        return "none"
+    backend = argv[argv.index("--kv-offloading-backend") + 1]
+    size = argv[argv.index("--kv-offloading-size") + 1] if "--kv-offloading-size" in argv else "?"
+    return f"{backend}, {size}"
 
 
 def kv_budget(argv: list[str]) -> str | None:

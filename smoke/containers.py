@@ -13,15 +13,13 @@ caller's thread, so the parser is only ever touched by one thread.
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 from dataclasses import dataclass
 from typing import Any
 
-import requests
-from docker.errors import DockerException
-
+from launch import docker_api
+from launch.docker_api import ENGINE_ERRORS
 from launch.errors import ProfileError
 from smoke.logparse import LogParser
 
@@ -29,32 +27,11 @@ PROJECT = "glm53"
 """The compose project (`name:` in compose/compose.yaml)."""
 SERVICE_PREFIX = "vllm"
 """The vLLM services: `vllm`, or `vllm-0`, `vllm-1`, ... behind the router."""
-DEFAULT_SOCKET = "unix:///var/run/docker.sock"
-ENGINE_ERRORS = (DockerException, requests.RequestException, OSError)
-
-
-def engine_address() -> str:
-    return os.environ.get("DOCKER_HOST") or DEFAULT_SOCKET
 
 
 def connect() -> Any:
-    """A Docker client with the API version negotiated; exit 2 naming the socket if none."""
-    import docker
-
-    where = engine_address()
-    try:
-        client = docker.DockerClient(base_url=where, version="auto", timeout=10)
-        client.ping()
-    except ENGINE_ERRORS as err:
-        cause = str(err).splitlines()[0][:160]
-        raise ProfileError(
-            "docker engine",
-            where,
-            f"does not answer ({cause})",
-            "start dockerd (or Docker Desktop), check you may use its socket (the docker group), "
-            "set DOCKER_HOST if it listens elsewhere, or give the server log with LOG=FILE",
-        ) from err
-    return client
+    """A Docker client (API version negotiated); exit 2 naming the socket if none answers."""
+    return docker_api.connect("give the server log with LOG=FILE")
 
 
 def find_service_containers(client: Any, profile: str, project: str = PROJECT) -> list[Any]:

@@ -85,6 +85,11 @@ GEOMETRY_GROUP = re.compile(
 GPU_NAME = re.compile(
     r"(?P<name>NVIDIA (?:RTX|GeForce|Quadro|Tesla|[ABHL]\d|GB\d)[^,;:()'\"\]\[]{0,60})"
 )
+# The host KV tier (vLLM's KV connector factory and offloading spec factory, and the native
+# tier's /dev/shm region in v1/kv_offload/cpu/shared_offload_region.py).
+KV_CONNECTOR = re.compile(r"^Creating v1 connector with name: (?P<name>\S+) and engine_id")
+OFFLOAD_SPEC = re.compile(r"^Creating offloading spec with name: (?P<name>\S+)")
+OFFLOAD_REGION = re.compile(r"^Created mmap file (?P<path>\S+) \((?P<gb>[\d.]+) GB\)")
 EXITED = re.compile(r"^(?P<service>[\w.\-]+) exited with code (?P<code>\d+)")
 
 
@@ -162,6 +167,7 @@ class StartFacts:
     block_size_changes: list[dict[str, Any]] = field(default_factory=list)
     spec_decode: dict[str, Any] | None = None
     kv_geometry: dict[str, Any] | None = None
+    kv_offload: dict[str, Any] | None = None
     gpu_names: list[str] = field(default_factory=list)
     failed: bool = False
     errors: list[str] = field(default_factory=list)
@@ -212,6 +218,7 @@ class ServiceState:
             "block_size_changes": [dict(b) for b in c.block_size_changes],
             "spec_decode": c.spec_decode,
             "kv_geometry": c.kv_geometry,
+            "kv_offload": None if c.kv_offload is None else dict(c.kv_offload),
             "gpu_names": list(c.gpu_names),
             "starts": self.starts,
             "startup_failed": self.any_failed,
@@ -358,10 +365,26 @@ class LogParser:
                 c.gpu_names.append(name)
         if m := GEOMETRY.search(msg):
             c.kv_geometry = parse_geometry(m)
+        self._offload(c, msg)
         if FAILED.search(msg):
             self._fail(state)
         elif (exc := EXCEPTION.match(msg)) and not msg.startswith("Traceback"):
             self._error(state, exc.group("s"))
+
+    @staticmethod
+    def _offload(c: StartFacts, msg: str) -> None:
+        """Connector, spec and region of the host KV tier (each worker logs the first two; the
+        region is created once)."""
+        facts = c.kv_offload or {"connector": None, "spec": None, "region": None, "region_gb": None}
+        if m := KV_CONNECTOR.match(msg):
+            facts["connector"] = m.group("name")
+        elif m := OFFLOAD_SPEC.match(msg):
+            facts["spec"] = m.group("name")
+        elif m := OFFLOAD_REGION.match(msg):
+            facts["region"], facts["region_gb"] = m.group("path"), float(m.group("gb"))
+        else:
+            return
+        c.kv_offload = facts
 
     @staticmethod
     def _block_change(c: StartFacts, message: str, tokens: int) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from launch.kv_offload import CONNECTORS, OFF, region_bytes
 from launch.profile import Profile
 
 NOT_IN_LOG = "not reported in the log"
@@ -22,6 +23,12 @@ class Check:
     expected: str
     seen: str
     ok: bool
+    skipped: bool = False
+    """Does not apply to this profile (`seen` says why): neither passed nor failed."""
+
+
+def skipped(name: str, reason: str) -> Check:
+    return Check(name, "-", f"skipped: {reason}", False, skipped=True)
 
 
 def _check(name: str, expected: Any, seen: Any, ok: bool) -> Check:
@@ -99,6 +106,7 @@ def geometry_checks(profile: Profile, facts: dict[str, Any]) -> list[Check]:
                 seen_batch is not None and seen_batch >= e.decode_graph_max_batch,
             )
         )
+    checks += offload_checks(profile, facts)
     for want in e.backends:
         hits = [b for b in facts.get("backends", []) if want in b]
         checks.append(
@@ -107,6 +115,39 @@ def geometry_checks(profile: Profile, facts: dict[str, Any]) -> list[Check]:
                 f"a backend line naming {want}",
                 hits[0] if hits else None,
                 bool(hits),
+            )
+        )
+    return checks
+
+
+def offload_checks(profile: Profile, facts: dict[str, Any]) -> list[Check]:
+    """The host KV tier the log shows against `engine.kv_offload`: the connector vLLM created for
+    the backend and, for native, the size of its /dev/shm region (vLLM prints decimal GB)."""
+    o = profile.engine.kv_offload
+    seen = facts.get("kv_offload") or {}
+    connector = seen.get("connector")
+    if o is None or o.backend == OFF:
+        if connector is None:
+            return []
+        return [_check("log: no host KV tier", "no KV connector", connector, False)]
+    wanted = CONNECTORS[o.backend]
+    checks = [
+        _check(
+            f"log: KV offload connector ({o.backend})",
+            " or ".join(wanted),
+            None if connector is None else f"{connector} (spec {seen.get('spec')})",
+            connector in wanted,
+        )
+    ]
+    if o.backend == "native":
+        want_gb = region_bytes(o.size_gib) / 1e9
+        got = seen.get("region_gb")
+        checks.append(
+            _check(
+                "log: KV offload region",
+                f"{o.size_gib:g} GiB ({want_gb:.2f} GB)",
+                None if got is None else f"{got:.2f} GB at {seen.get('region')}",
+                got is not None and abs(got - want_gb) <= 0.01 * want_gb + 0.005,
             )
         )
     return checks
@@ -159,17 +200,24 @@ def _tuple(seen: list[int] | None) -> tuple[int, ...] | None:
 
 
 def exit_status(checks: Sequence[Check]) -> int:
-    return 0 if checks and all(c.ok for c in checks) else 1
+    ran = [c for c in checks if not c.skipped]
+    return 0 if ran and all(c.ok for c in ran) else 1
 
 
 def format_table(checks: Sequence[Check]) -> str:
     rows = [("check", "expected", "seen", "result")]
-    rows += [(c.name, c.expected, _cut(c.seen), "pass" if c.ok else "FAIL") for c in checks]
+    rows += [(c.name, c.expected, _cut(c.seen), _result(c)) for c in checks]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = [f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}" for r in rows]
     passed = sum(c.ok for c in checks)
-    lines.append(f"{passed} passed, {len(checks) - passed} failed")
+    skips = sum(c.skipped for c in checks)
+    lines.append(f"{passed} passed, {len(checks) - passed - skips} failed"
+                 + (f", {skips} skipped" if skips else ""))  # fmt: skip
     return "\n".join(lines)
+
+
+def _result(c: Check) -> str:
+    return "skip" if c.skipped else "pass" if c.ok else "FAIL"
 
 
 def to_json(checks: Sequence[Check], **extra: Any) -> str:

@@ -61,4 +61,11 @@ def fork_vllm_tree(tmp_path: Path) -> Path:
         "M = os.getenv('VLLM_GLM53_SPLIT_MAMBA_BLOCK_SIZE')\n"
         "K = additional_config.get('glm53_kda_decode_backend')\n"
     )
+    # the parser registries are upstream's (the fork keeps them): the installed vLLM's files
+    import vllm
+
+    upstream = Path(vllm.__file__).parent
+    for registry_file in ("reasoning/__init__.py", "tool_parsers/__init__.py"):
+        (root / registry_file).parent.mkdir(parents=True, exist_ok=True)
+        (root / registry_file).write_text((upstream / registry_file).read_text())
     return root

@@ -3,19 +3,37 @@
 It is never shipped as the kit's server. Faults: `http500`, `hang` (never answers chat),
 `cut_stream` (stream stops before [DONE]), `malformed` (invalid JSON), `wrong_model`, `empty`
 (empty answer), `late` (503 on /health until `late_seconds` have passed), `no_length` (ignores
-max_tokens).
+max_tokens), and the ones the agent-API checks must catch: `leak_thinking` (the thinking stays in
+`content`), `no_tool_calls` (a tool request answered as text), `bad_json` (structured output that
+is not JSON), `one_wrong` (every fifth direct READY answer is wrong), `wrong_needle` (answers
+another code than the one planted), `blind` (names the wrong colour). Healthy, it answers as a
+GLM server with reasoning and tool parsers does (`reasoning`, `tool_calls`, streamed deltas),
+reads a planted needle back, and counts tokens as one per word plus the template's 8
+(`/tokenize` and usage agree).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-MODEL = "local-inference-lab/GLM-5.3-Flash-NVFP4"
+MODEL = "GLM-5.3-Flash"
+"""The GLM profiles' served model name (what /v1/models reports)."""
 WORDS = ["one", ",", " two", ",", " three", ",", " four", ",", " five", ",", " six"]
+THOUGHT = "One word is asked for."
+NEEDLE_RE = re.compile(r"The secret code for the vault is (\S+?)\.")
+TEMPLATE_TOKENS = 8
+
+
+def count(messages: list[dict[str, Any]]) -> int:
+    """Tokens of a chat prompt: one per whitespace-separated word, plus the template's 8."""
+    text = " ".join(str(m.get("content", "")) for m in messages)
+    return TEMPLATE_TOKENS + len(text.split())
+CALL_ARGS = ['{"city": ', '"Paris"}']
 
 
 class StandIn(ThreadingHTTPServer):
@@ -30,6 +48,8 @@ class StandIn(ThreadingHTTPServer):
         self.ready_at = time.monotonic() + (late_seconds if fault == "late" else 0.0)
         self.release = threading.Event()
         self.chat_requests = 0
+        self.chat_bodies: list[dict[str, Any]] = []
+        self.direct_ready = 0
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)
 
     @property
@@ -76,6 +96,10 @@ class Handler(BaseHTTPRequestHandler):
         self.server.chat_requests += 1
         length = int(self.headers.get("Content-Length", "0"))
         request = json.loads(self.rfile.read(length) or b"{}")
+        if self.path == "/tokenize":
+            self._send(200, json.dumps({"count": count(request["messages"])}).encode())
+            return
+        self.server.chat_bodies.append(request)
         fault = self.server.fault
         if fault == "http500":
             self._send(500, b'{"error": "internal"}')
@@ -87,6 +111,14 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, b'{"choices": [')
             return
         prompt = request["messages"][-1]["content"]
+        if not isinstance(prompt, str):  # text and image parts
+            colour = "Blue" if fault == "blind" else "Red"
+            self._answer(request, colour if any(p.get("type") == "image_url" for p in prompt)
+                         else "no image")  # fmt: skip
+            return
+        if (needle := NEEDLE_RE.search(prompt)) is not None:
+            self._answer(request, "ORCHID-0000" if fault == "wrong_needle" else needle.group(1))
+            return
         if request.get("stream"):
             self._stream(request)
             return
@@ -95,6 +127,24 @@ class Handler(BaseHTTPRequestHandler):
         tokens = ready if "READY" in prompt else WORDS
         limited = fault != "no_length" and len(tokens) > max_tokens
         tokens = tokens[:max_tokens] if limited else tokens
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(tokens)}
+        thinking = (request.get("chat_template_kwargs") or {}).get("enable_thinking", True)
+        if request.get("tools") and fault != "no_tool_calls":
+            message = {"role": "assistant", "content": None, "reasoning": THOUGHT,
+                       "tool_calls": [{"id": "call-0", "type": "function", "function": {
+                           "name": "get_weather", "arguments": "".join(CALL_ARGS)}}]}  # fmt: skip
+        elif request.get("response_format"):
+            message["content"] = '{"answer": READY' if fault == "bad_json" else (
+                '{"answer": "READY"}')  # fmt: skip
+        elif tokens == ["READY"] and thinking:
+            leaked = fault == "leak_thinking"
+            message = {"role": "assistant",
+                       "content": f"<think>{THOUGHT}</think>READY" if leaked else "READY",
+                       "reasoning": None if leaked else THOUGHT}  # fmt: skip
+        elif tokens == ["READY"]:
+            self.server.direct_ready += 1
+            if fault == "one_wrong" and self.server.direct_ready % 5 == 0:
+                message["content"] = "READ"
         body = {
             "id": "chatcmpl-standin",
             "object": "chat.completion",
@@ -102,7 +152,7 @@ class Handler(BaseHTTPRequestHandler):
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": "".join(tokens)},
+                    "message": message,
                     "finish_reason": "length" if limited else "stop",
                 }
             ],
@@ -114,18 +164,36 @@ class Handler(BaseHTTPRequestHandler):
         }
         self._send(200, json.dumps(body).encode())
 
+    def _answer(self, request: dict[str, Any], text: str) -> None:
+        prompt = count(request["messages"])
+        self._send(200, json.dumps({
+            "id": "chatcmpl-standin", "object": "chat.completion", "model": self.server.model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": 1,
+                      "total_tokens": prompt + 1},
+        }).encode())  # fmt: skip
+
     def _stream(self, request: dict[str, Any]) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Connection", "close")
         self.end_headers()
         tokens = WORDS[: request.get("max_tokens") or 16]
-        for i, token in enumerate(tokens):
+        deltas: list[dict[str, Any]] = [{"content": token} for token in tokens]
+        if request.get("tools") and self.server.fault != "no_tool_calls":
+            first = {"index": 0, "id": "call-0", "type": "function",
+                     "function": {"name": "get_weather", "arguments": ""}}  # fmt: skip
+            deltas = [{"reasoning": THOUGHT}, {"tool_calls": [first]}] + [
+                {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
+                for piece in CALL_ARGS
+            ]
+        for i, delta in enumerate(deltas):
             if self.server.fault == "cut_stream" and i == 3:
                 self.wfile.flush()
                 self.close_connection = True
                 return
-            chunk = {"choices": [{"index": 0, "delta": {"content": token}}]}
+            chunk = {"choices": [{"index": 0, "delta": delta}]}
             self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
             self.wfile.flush()
             time.sleep(0.01)

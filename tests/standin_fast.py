@@ -4,7 +4,10 @@ A test double, never shipped as the kit's server. Streaming responses are pre-bu
 (HTTP/1.1 chunked, one chunk per SSE event, as uvicorn sends them) written as fast as the socket
 allows, so the client under test is the bottleneck. It also serves `/v1/models`, `/health`,
 `/tokenize` (one token per whitespace-separated word, plus the chat template's 8) and Prometheus
-`/metrics` with spec-decode counters that grow by known amounts per completed request.
+`/metrics` with spec-decode counters that grow by known amounts per completed request, and
+prefix-cache counters from a whole-prompt LRU "GPU cache" (`--cache-tokens`) whose evictions can
+fall into a "host tier" (`--host-tier-tokens`): a model of what vLLM's counters show, for the
+bench's prefix-reuse cell (the real CPU build has no host tier to show it with).
 
     python tests/standin_fast.py --port 0      # prints "listening on PORT", serves until killed
 """
@@ -14,9 +17,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
-MODEL = "local-inference-lab/GLM-5.3-Flash-NVFP4"
+MODEL = "GLM-5.3-Flash"
 TEMPLATE_TOKENS = 8
 # Per completed streaming request: drafts and accepted tokens such that the mean acceptance
 # length 1 + accepted / drafts is exactly 2.5 (3 of 4 drafted tokens accepted per 2 drafts).
@@ -47,6 +51,34 @@ class Counters:
     draft_tokens: int = 0
     accepted: int = 0
     requests: int = 0
+    prefix_hits: int = 0
+    external_hits: int = 0
+
+
+@dataclass
+class PrefixCache:
+    """Whole prompts by recency, up to `gpu_tokens`; what falls out goes to a host tier of
+    `host_tokens` (0: dropped)."""
+
+    gpu_tokens: int = 0
+    host_tokens: int = 0
+    gpu: OrderedDict[str, int] = field(default_factory=OrderedDict)
+    host: OrderedDict[str, int] = field(default_factory=OrderedDict)
+
+    def lookup(self, prompt: str, tokens: int, counters: Counters) -> None:
+        if prompt in self.gpu:
+            counters.prefix_hits += tokens
+        elif prompt in self.host:
+            counters.external_hits += tokens
+        self.gpu[prompt] = tokens
+        self.gpu.move_to_end(prompt)
+        self.host.pop(prompt, None)
+        while sum(self.gpu.values()) > self.gpu_tokens and self.gpu:
+            old, size = self.gpu.popitem(last=False)
+            if self.host_tokens:
+                self.host[old] = size
+        while sum(self.host.values()) > self.host_tokens and self.host:
+            self.host.popitem(last=False)
 
 
 @dataclass
@@ -55,6 +87,7 @@ class StandIn:
     variant: str = ""
     fail_every: int = 0  # every Nth chat request answers HTTP 500
     counters: Counters = field(default_factory=Counters)
+    cache: PrefixCache = field(default_factory=PrefixCache)
     _blobs: dict[tuple[int, int, bool], bytes] = field(default_factory=dict)
     _seen: int = 0
 
@@ -95,6 +128,9 @@ class StandIn:
                             ("accepted_tokens", c.accepted)):  # fmt: skip
             lines += [f"# TYPE vllm:spec_decode_num_{name}_total counter",
                       f"vllm:spec_decode_num_{name}_total{labels} {value}.0"]  # fmt: skip
+        for name, value in (("prefix_cache_hits", c.prefix_hits),
+                            ("external_prefix_cache_hits", c.external_hits)):  # fmt: skip
+            lines += [f"# TYPE vllm:{name}_total counter", f"vllm:{name}_total{labels} {value}.0"]
         return ("\n".join(lines) + "\n").encode()
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -147,6 +183,8 @@ class StandIn:
         if self.fail_every and self._seen % self.fail_every == 0:
             return self._json(writer, 500, {"error": "injected failure"})
         prompt_tokens = count_tokens(request.get("messages", []))
+        prompt = json.dumps(request.get("messages", []))
+        self.cache.lookup(prompt, prompt_tokens, self.counters)
         max_tokens = int(request.get("max_tokens") or request.get("max_completion_tokens") or 16)
         if request.get("stream"):
             options = request.get("stream_options") or {}
@@ -188,8 +226,12 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--variant", default="", help="change one generated token")
     parser.add_argument("--fail-every", type=int, default=0)
+    parser.add_argument("--cache-tokens", type=int, default=0, help="prefix cache size")
+    parser.add_argument("--host-tier-tokens", type=int, default=0, help="host tier size")
     args = parser.parse_args()
-    asyncio.run(serve(StandIn(variant=args.variant, fail_every=args.fail_every), args.port))
+    cache = PrefixCache(args.cache_tokens, args.host_tier_tokens)
+    standin = StandIn(variant=args.variant, fail_every=args.fail_every, cache=cache)
+    asyncio.run(serve(standin, args.port))
 
 
 if __name__ == "__main__":

@@ -112,3 +112,47 @@ def test_unreachable_registry_and_bad_refs_exit_2(lock):
     assert pin(lock, f"127.0.0.1:{port}/kit/tiny:v1", "--timeout", "2").returncode == 2
     assert pin(lock, "kit/tiny").returncode == 2
     assert pin(lock, "kit/tiny@sha256:" + "0" * 64).returncode == 2
+
+
+def test_a_locally_built_image_is_pinned_by_its_image_id(tmp_path, lock):
+    """Against the real engine `.ci/run` starts: an image built here and never pushed."""
+    from launch.commands.up_cmd import check_local_image
+    from launch.docker_api import connect
+    from launch.errors import ProfileError
+    from launch.image_lock import read_lock, resolve_image
+
+    try:
+        connect("skip")
+    except ProfileError as err:
+        pytest.skip(f"no Docker engine here: {err}")
+    context = tmp_path / "context"
+    context.mkdir()
+    (context / "marker").write_text(str(tmp_path))
+    (context / "Dockerfile").write_text("FROM scratch\nCOPY marker /marker\n")
+    tag = f"glm53-local-pin-test:{tmp_path.name.lower()}"
+    subprocess.run(["docker", "build", "--quiet", "--tag", tag, str(context)], check=True,
+                   env={"DOCKER_BUILDKIT": "0", "PATH": "/usr/bin:/bin"},
+                   capture_output=True, timeout=120)  # fmt: skip
+    try:
+        inspect = ["docker", "image", "inspect", "--format", "{{.Id}}", tag]
+        shown = subprocess.run(inspect, capture_output=True, text=True, check=True)
+        image_id = shown.stdout.strip()
+        done = pin(lock, tag, "--source", "cpu", "--local")
+        assert done.returncode == 0, done.stderr
+        assert read_lock(lock)["CPU_IMAGE"] == image_id
+        assert pin(lock, tag, "--source", "cpu", "--local", "--check").returncode == 0
+        # compose on this engine runs it; a cluster or a build cannot pull it
+        assert resolve_image("cpu", {}, lock) == image_id
+        with pytest.raises(ProfileError) as err:
+            resolve_image("cpu", {}, lock, local_ok=False)
+        assert "is a local image ID" in err.value.rule and "make pin" in err.value.fix
+        check_local_image(image_id)
+    finally:
+        subprocess.run(["docker", "image", "rm", "--force", tag], capture_output=True, check=True)
+    with pytest.raises(ProfileError) as err:
+        check_local_image(image_id)
+    assert "this Docker engine has no such image" in err.value.rule
+    gone = pin(lock, tag, "--source", "cpu", "--local")
+    assert gone.returncode == 2
+    assert "is not an image on this Docker engine" in gone.stderr
+    assert pin(lock, "debian:bookworm", "--source", "base", "--local").returncode == 2

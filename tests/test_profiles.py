@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import runpy
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +13,8 @@ from launch.commands.common import build_plan
 from launch.loader import load, profile_names
 from launch.overrides import ENV_OVERRIDES, from_environment, settable_paths
 from launch.render import render
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def plan(name: str, environ: dict[str, str] | None = None, sets: tuple[str, ...] = ()):
@@ -34,10 +38,12 @@ def test_cpu_profile_renders_without_gpus_and_states_its_own_capacity():
     assert p.env == {}  # no CUDA_VISIBLE_DEVICES for vLLM's CPU build
     e = p.profile.expect
     assert (e.kv_cache_tokens, e.max_concurrency_min, e.max_concurrency_tokens) == (
-        524288, 64.0, 8192
+        131072, 16.0, 8192
     )
-    # the arithmetic the profile cites: 1 GiB / (2 layers x K,V x 4 heads x 32 dims x 4 bytes)
-    assert e.kv_cache_tokens == 1073741824 // (2 * 2 * 4 * 32 * 4)
+    # the arithmetic the profile cites: 1 GiB / (8 layers x K,V x 4 heads x 32 dims x 4 bytes),
+    # the layer count the model builder serves
+    builder = runpy.run_path(str(REPO / "docker" / "tiny_model.py"))
+    assert e.kv_cache_tokens == 1073741824 // (builder["SERVED_LAYERS"] * 2 * 4 * 32 * 4)
     assert e.max_concurrency_min == e.kv_cache_tokens / p.profile.engine.max_model_len
 
 

@@ -12,12 +12,23 @@ import time
 import pytest
 
 from smoke.__main__ import main
+from smoke.api import READY_PROMPT, REASONING_BUDGET
 from tests.conftest import FIXTURE_LOGS, REPO
 from tests.standin import StandIn
+from tests.standin import count as count_words
 
 QWEN = FIXTURE_LOGS / "qwen35-4b-9b-compose-v0.16.1-negative-kv-engine-failed-restart.log"
 
 
+AGENT = [
+    "api: reasoning separated",
+    "api: tool call",
+    "api: streamed tool call",
+    "api: structured output",
+    "api: 8 concurrent answers",
+    "api: vision",
+    "api: needle in 32,768 tokens",
+]
 FAULTS = [
     (
         "http500",
@@ -26,6 +37,7 @@ FAULTS = [
             "api: streaming SSE",
             "api: max_tokens honoured",
             "api: usage counts consistent",
+            *AGENT,
         ],
     ),
     (
@@ -35,9 +47,10 @@ FAULTS = [
             "api: streaming SSE",
             "api: max_tokens honoured",
             "api: usage counts consistent",
+            *AGENT,
         ],
     ),
-    ("cut_stream", ["api: streaming SSE"]),
+    ("cut_stream", ["api: streaming SSE", "api: streamed tool call"]),
     (
         "malformed",
         [
@@ -45,11 +58,26 @@ FAULTS = [
             "api: streaming SSE",
             "api: max_tokens honoured",
             "api: usage counts consistent",
+            *AGENT,
         ],
     ),
     ("wrong_model", ["api: served model id"]),
-    ("empty", ["api: chat answers READY", "api: usage counts consistent"]),
+    (
+        "empty",
+        [
+            "api: chat answers READY",
+            "api: usage counts consistent",
+            "api: reasoning separated",
+            "api: 8 concurrent answers",
+        ],
+    ),
     ("no_length", ["api: max_tokens honoured"]),
+    ("leak_thinking", ["api: reasoning separated"]),
+    ("no_tool_calls", ["api: tool call", "api: streamed tool call"]),
+    ("bad_json", ["api: structured output"]),
+    ("one_wrong", ["api: 8 concurrent answers"]),
+    ("wrong_needle", ["api: needle in 32,768 tokens"]),
+    ("blind", ["api: vision"]),
 ]
 
 
@@ -79,7 +107,7 @@ def run_check(capsys, url: str, *extra: str) -> tuple[int, dict]:
 
 
 def failed(verdict: dict) -> list[str]:
-    return [c["name"] for c in verdict["checks"] if not c["ok"]]
+    return [c["name"] for c in verdict["checks"] if not c["ok"] and not c["skipped"]]
 
 
 def test_healthy_standin_passes_every_check(capsys):
@@ -93,7 +121,48 @@ def test_healthy_standin_passes_every_check(capsys):
         "api: streaming SSE",
         "api: max_tokens honoured",
         "api: usage counts consistent",
+        *AGENT,
     ]
+
+
+def test_reasoning_profiles_ask_for_direct_answers_with_room_to_think(capsys):
+    """A thinking model spends a 16-token exact-answer budget on its reasoning: where a reasoning
+    parser runs, exact-answer requests ask for none (GLM-4.x's `enable_thinking=false`) and
+    leave room for it anyway (GLM-5.3 always reasons); the reasoning check asks with thinking."""
+    with StandIn() as server:
+        code, _ = run_check(capsys, server.url)
+        assert code == 0
+        ready = {("chat_template_kwargs" in b, b["max_tokens"]) for b in server.chat_bodies
+                 if b["messages"][0]["content"] == READY_PROMPT}  # fmt: skip
+    # exact READY and the concurrent ones; usage; the reasoning check
+    assert ready == {(True, REASONING_BUDGET), (True, 16), (False, REASONING_BUDGET)}
+
+
+def test_needle_prompt_is_exactly_the_length_asked_and_only_skip_select(capsys):
+    with StandIn() as server:
+        code, verdict = run_check(capsys, server.url, "--context-tokens", "5000",
+                                  "--only", "needle", "--only", "vision")  # fmt: skip
+        needle = [b for b in server.chat_bodies if "vault" in json.dumps(b)]
+    assert code == 0, verdict
+    by_name = {c["name"]: c for c in verdict["checks"]}
+    assert by_name["api: needle in 5,000 tokens"]["seen"] == "ORCHID-7319 back from 5,000 tokens"
+    assert len(needle) == 1 and count_words(needle[0]["messages"]) == 5000
+    assert by_name["api: tool call"]["seen"] == "skipped: not in --only"
+    assert by_name["api: vision"]["ok"]
+    with StandIn("blind") as server:
+        code, verdict = run_check(capsys, server.url, "--skip", "vision")
+    assert code == 0 and {c["name"]: c for c in verdict["checks"]}["api: vision"]["skipped"]
+
+
+def test_without_a_reasoning_parser_nothing_asks_and_the_check_is_skipped(capsys):
+    with StandIn(model="kit-tiny-chat") as server:
+        code, verdict = run_check(capsys, server.url, "--profile", "cpu-tiny",
+                                  "--set", "REASONING_PARSER=none")  # fmt: skip
+        assert not [b for b in server.chat_bodies if "chat_template_kwargs" in b]
+    assert code == 0, verdict
+    reasoning = next(c for c in verdict["checks"] if c["name"] == "api: reasoning separated")
+    assert reasoning["skipped"] and not reasoning["ok"]
+    assert reasoning["seen"] == "skipped: the profile sets no reasoning parser"
 
 
 @pytest.mark.parametrize(("fault", "expected_failures"), FAULTS)
@@ -110,7 +179,7 @@ def test_fault_messages_say_what_was_seen(capsys):
     with StandIn("cut_stream") as server:
         _, verdict = run_check(capsys, server.url)
     stream = next(c for c in verdict["checks"] if c["name"] == "api: streaming SSE")
-    assert stream["seen"] == "stream ended without [DONE] after 3 content chunks"
+    assert stream["seen"] == "stream ended without [DONE] after 3 text chunks"
     with StandIn("hang") as server:
         _, verdict = run_check(capsys, server.url)
     ready = next(c for c in verdict["checks"] if c["name"] == "api: chat answers READY")
@@ -223,7 +292,7 @@ def test_make_smoke_passes_on_a_healthy_standin():
     with StandIn() as server:
         healthy = _make_smoke(server.url)
     assert healthy.returncode == 0, healthy.stdout + healthy.stderr
-    assert healthy.stdout.strip().endswith("6 passed, 0 failed")
+    assert healthy.stdout.strip().endswith("13 passed, 0 failed")
 
 
 @pytest.mark.parametrize(("fault", "expected_failures"), FAULTS)

@@ -13,12 +13,14 @@ import pytest
 
 from launch.capabilities import find_vllm, requirements
 from launch.commands.common import build_plan
+from launch.kv_offload import OFF
 from launch.loader import load, profile_names
 from launch.profile import CompilationConfig, SpeculativeConfig
 from launch.vllm_vocab import (
     CUDAGRAPH_MODES,
     GLM53_SPEC_METHODS,
     KV_CACHE_DTYPES,
+    KV_OFFLOADING_BACKENDS,
     MAMBA_CACHE_MODES,
 )
 
@@ -27,8 +29,9 @@ vllm = pytest.importorskip("vllm")
 VARIANTS = [
     ("dflash-tp4-dcp4", {}),
     ("mtp3-tp4-split", {}),
+    ("mtp3-tp4-split", {"CACHE_MODE": "native", "KV_OFFLOADING_SIZE_GB": "24"}),
     ("cpu-tiny", {}),
-    ("cpu-tiny", {"VLLM_EXTRA_ARGS": "--seed 7 --enable-prefix-caching"}),
+    ("cpu-tiny", {"VLLM_EXTRA_ARGS": "--seed 7 --max-logprobs 5"}),
     (
         "dflash-tp4-dcp4",
         {
@@ -80,7 +83,7 @@ def test_rendered_argv_parses_with_vllm_serve_parser(serve_parser, name, environ
         value = getattr(engine, field.name)
         if field.name in ("model", "extra_args") or value is None:
             continue
-        parsed = getattr(args, field.name)
+        parsed = getattr(args, field.name, None)
         if field.name == "compilation_config":
             for key, v in dataclasses.asdict(value).items():
                 if v is not None:
@@ -90,10 +93,15 @@ def test_rendered_argv_parses_with_vllm_serve_parser(serve_parser, name, environ
             assert parsed == {k: v for k, v in dataclasses.asdict(value).items() if v is not None}
         elif field.name == "served_model_name":
             assert parsed == [value]
+        elif field.name == "kv_offload":  # vLLM's --kv-offloading-backend / -size
+            size = None if value.backend == OFF else value.size_gib
+            assert args.kv_offloading_size == size
+            if size is not None:
+                assert args.kv_offloading_backend == value.backend
         else:
             assert parsed == value, field.name
     if engine.extra_args:  # passed through as written, read by vLLM's parser
-        assert (args.seed, args.enable_prefix_caching) == (7, True)
+        assert (args.seed, args.max_logprobs) == (7, 5)
     assert args.host == plan.profile.deployment.host
     assert args.port == plan.profile.deployment.port
 
@@ -117,13 +125,14 @@ def test_nested_config_keys_are_vllm_config_fields():
 
 
 def test_validator_vocabulary_matches_installed_vllm():
-    from vllm.config.cache import CacheDType, MambaCacheMode
+    from vllm.config.cache import CacheDType, KVOffloadingBackend, MambaCacheMode
     from vllm.config.compilation import CUDAGraphMode
     from vllm.config.speculative import SpeculativeMethod
 
     assert {m.name for m in CUDAGraphMode} == CUDAGRAPH_MODES
     assert _flatten_literal(CacheDType) == KV_CACHE_DTYPES
     assert _flatten_literal(MambaCacheMode) == MAMBA_CACHE_MODES
+    assert _flatten_literal(KVOffloadingBackend) == KV_OFFLOADING_BACKENDS
     assert _flatten_literal(SpeculativeMethod) >= GLM53_SPEC_METHODS
 
 
@@ -140,18 +149,21 @@ def test_capability_detection_on_upstream_vllm_0_33_0():
         name: {r.name: r.met(install) for r in requirements(load(name).profile)}
         for name in profile_names()
     }
+    parsers = {"reasoning_parser": True, "tool_call_parser": True}  # glm45 / glm47 upstream
     assert met == {
-        "cpu-tiny": {},  # no fork knob
+        "cpu-tiny": parsers,  # no fork knob
         "dflash-tp4-dcp4": {
             "b12x_pcie_allreduce": False,
             "dcp_ckv_gather": False,
             "draft_attention_backend": True,  # FLASH_ATTN is upstream
             "glm53_kda_decode_backend": False,
+            **parsers,
         },
         "mtp3-tp4-split": {
             "split_pages": False,  # provided by patches/vllm, not by the pristine wheel
             "attention_backend": False,  # B12X_MLA_SPARSE is the fork's
             "draft_attention_backend": False,
+            **parsers,
         },
     }
 

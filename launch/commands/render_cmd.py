@@ -93,10 +93,12 @@ def run(args: argparse.Namespace) -> int:
         args.replicas = 1 if args.replicas is None else args.replicas
         if args.replicas < 1:
             raise ProfileError("--replicas", args.replicas, "must be at least 1", "e.g. 2")
-        image = resolve_image(plan.profile.deployment.image, os.environ)
+        # a cluster pulls its images: a local image ID of this engine cannot run there
+        image = resolve_image(plan.profile.deployment.image, os.environ, local_ok=False)
         router = None
         if not args.no_router:
-            router = resolve_image(router_source(plan), os.environ, override_var="ROUTER_IMAGE")
+            router = resolve_image(router_source(plan), os.environ, override_var="ROUTER_IMAGE",
+                                   local_ok=False)  # fmt: skip
         service = merged_document(plan.profile.deployment.device)["services"]["vllm"]
         docs = k8s_manifests(plan, image, router, args.replicas, service=service,
                              kit_files=launcher_files())  # fmt: skip

@@ -14,7 +14,9 @@ import sys
 from launch.capabilities import parse_with_vllm
 from launch.commands.common import add_profile_arguments, plan_from_args
 from launch.errors import ProfileError
+from launch.kv_offload import read_host_memory
 from launch.render import format_plan
+from launch.validate import check_host_memory
 
 NAME = "run"
 
@@ -30,6 +32,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     plan = plan_from_args(args, require_vllm=True)
+    check_host_memory(plan.profile, read_host_memory())
     if plan.profile.engine.extra_args:
         parse_with_vllm(plan.argv, plan.profile.engine.extra_args)
     print(format_plan(plan), file=sys.stderr, flush=True)

@@ -15,9 +15,12 @@ import shutil
 
 from launch.commands.common import add_profile_arguments
 from launch.commands.configure_cmd import add_replica_arguments, configure, show, write
+from launch.docker_api import connect, local_image_id
 from launch.errors import ProfileError
-from launch.image_lock import COMPOSE_DIR
+from launch.image_lock import COMPOSE_DIR, is_local_id
+from launch.kv_offload import read_host_memory
 from launch.render import plan_header
+from launch.validate import check_host_memory
 
 NAME = "up"
 
@@ -35,8 +38,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
+def check_local_image(image_id: str) -> None:
+    """A locally pinned image must still be on this engine: compose would otherwise try to pull
+    the bare ID from Docker Hub and fail with a registry error."""
+    client = connect("pin a pushed image by digest instead (`make pin IMAGE=repo:tag`)")
+    if local_image_id(client, image_id) is None:
+        raise ProfileError(
+            "IMAGE", image_id, "is pinned as a local image ID, and this Docker engine has no such "
+            "image (removed, or built on another machine)",
+            "build it again and `make pin IMAGE=<tag> LOCAL=1`, or push it and pin the digest",
+        )  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> int:
     result = configure(args, os.environ)
+    check_host_memory(result.plan.profile, read_host_memory())
     argv = ["docker", "compose", *(["config"] if args.config else ["up", "--detach"])]
     print("\n".join(plan_header(result.plan)))
     print(show(result))
@@ -48,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
         raise ProfileError(
             "docker", None, "is not on PATH", "install Docker with the compose plugin"
         )
+    if is_local_id(result.values["IMAGE"]):
+        check_local_image(result.values["IMAGE"])
     write(result)
     os.chdir(COMPOSE_DIR)
     os.execv(docker, argv)

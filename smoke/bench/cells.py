@@ -21,7 +21,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from smoke.bench.client import StreamResult, Target, request_json, stream_chat
-from smoke.bench.metrics import acceptance_length, parse_generation_tokens, parse_spec_counters
+from smoke.bench.metrics import (
+    EXTERNAL_HITS,
+    PREFIX_HITS,
+    acceptance_length,
+    parse_counter,
+    parse_generation_tokens,
+    parse_spec_counters,
+)
 
 FILLER = "hello"
 RUN_ID = secrets.token_hex(4)
@@ -235,4 +242,48 @@ async def parity_cell(target: Target, settings: Settings, prompt_tokens: int,
         "prompt_tokens": usage.get("prompt_tokens"),
         "completion_tokens": usage.get("completion_tokens"),
         "sha256": hashlib.sha256(text.encode()).hexdigest(),
+    }
+
+
+async def _ttft(target: Target, settings: Settings, prompt: str, tokens: int) -> float:
+    result = await stream_chat(target, chat_payload(settings.model, prompt, 1, stream=True),
+                               timeout=settings.request_timeout)  # fmt: skip
+    if not result.ok or result.t_first is None:
+        raise BenchError(f"a {tokens}-token prompt failed: {result.error or 'no token arrived'}")
+    return result.t_first - result.t_sent
+
+
+def _delta(before: str, after: str, name: str) -> float | None:
+    a, b = parse_counter(before, name), parse_counter(after, name)
+    return None if a is None or b is None else b - a
+
+
+async def prefix_reuse_cell(target: Target, settings: Settings, prompt_tokens: int,
+                            evict_tokens: int, evict_len: int) -> dict[str, Any]:  # fmt: skip
+    """A long prompt, then other prompts totalling `evict_tokens` (more than the GPU KV cache
+    holds) so its blocks are evicted, then the first prompt again. Without a host tier the
+    repeat is prefilled from scratch; with one it is loaded back, and the server's
+    external-prefix-cache counter says how many tokens came that way."""
+    anchor = await exact_prompt(target, settings.model, prompt_tokens, f"reuse {RUN_ID} anchor:")
+    first = await _ttft(target, settings, anchor, prompt_tokens)
+    evictors = -(-evict_tokens // evict_len)
+    for i in range(evictors):
+        prompt = await exact_prompt(target, settings.model, evict_len, f"reuse {RUN_ID} evict {i}:")
+        await _ttft(target, settings, prompt, evict_len)
+    before = await metrics_text(target) or ""
+    repeat = await _ttft(target, settings, anchor, prompt_tokens)
+    after = await metrics_text(target) or ""
+    gpu_hits = _delta(before, after, PREFIX_HITS)
+    return {
+        "kind": "prefix_reuse",
+        "prompt_tokens": prompt_tokens,
+        "evicting_prompts": evictors,
+        "evicting_tokens": evictors * evict_len,
+        "ttft_first_s": first,
+        "ttft_repeat_s": repeat,
+        "repeat_speedup": first / repeat,
+        "gpu_cache_hit_tokens": gpu_hits,
+        "host_tier_hit_tokens": _delta(before, after, EXTERNAL_HITS),
+        # the first prompt must have left the GPU cache for the cell to mean anything
+        "evicted": None if gpu_hits is None else gpu_hits == 0,
     }

@@ -54,12 +54,24 @@ GENERATION = "vllm:generation_tokens_total"
 """The server's own count of generated tokens (a counter, summed over label sets)."""
 
 
-def parse_generation_tokens(text: str) -> float | None:
-    """`vllm:generation_tokens_total` from a /metrics text; None when the server has none."""
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+"""Prompt tokens served from the GPU prefix cache."""
+EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
+"""Prompt tokens served by a KV connector (the host tier), not the GPU cache."""
+
+
+def parse_counter(text: str, name: str) -> float | None:
+    """Counter `name` from a /metrics text, summed over label sets; None when the server has
+    none (a `_total` counter may also appear without the suffix)."""
     total, seen = 0.0, False
     for line in text.splitlines():
         match = _SAMPLE.match(line)
-        if match and match.group("name") in (GENERATION, GENERATION.removesuffix("_total")):
+        if match and match.group("name") in (name, name.removesuffix("_total")):
             total += float(match.group("value"))
             seen = True
     return total if seen else None
+
+
+def parse_generation_tokens(text: str) -> float | None:
+    """`vllm:generation_tokens_total` from a /metrics text; None when the server has none."""
+    return parse_counter(text, GENERATION)

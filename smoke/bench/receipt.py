@@ -42,6 +42,13 @@ def summarize(kind: str, samples: list[dict[str, Any]]) -> dict[str, Any]:
     if kind == "prefill":
         ok = [s for s in samples if s.get("ok")]
         return {"prompt_tok_s": mean("prompt_tok_s"), "failed": len(samples) - len(ok)}
+    if kind == "prefix_reuse":
+        return {
+            "ttft_first_s": mean("ttft_first_s"),
+            "ttft_repeat_s": mean("ttft_repeat_s"),
+            "repeat_speedup": mean("repeat_speedup"),
+            "host_tier_hit_tokens": mean("host_tier_hit_tokens"),
+        }
     if kind == "parity":
         hashes = sorted({s["sha256"] for s in samples if s.get("ok")})
         return {"sha256": hashes[0] if len(hashes) == 1 else None, "distinct_hashes": hashes}
@@ -61,6 +68,24 @@ def limitations(receipt: Mapping[str, Any]) -> list[str]:
                  for c in cells.values())  # fmt: skip
     if failed:
         out.append(f"{failed} request(s) failed and are excluded from the figures.")
+    argv = (receipt.get("plan") or {}).get("argv") or []
+    if any(c["kind"] == "prefix_reuse" for c in cells.values()):
+        if "--kv-offloading-backend" not in argv:
+            out.append(
+                "The prefix-reuse cell ran without a host KV tier: its repeat TTFT is a full "
+                "prefill again; compare with a receipt taken with CACHE_MODE=native."
+            )
+        if (receipt.get("log") or {}).get("kv_cache_device") == "CPU":
+            out.append(
+                "vLLM's CPU build has no host tier to offload to (it refuses "
+                "--kv-offloading-backend), so on the CPU lane the cell measures recompute only."
+            )
+    for cell, why in (receipt.get("skipped") or {}).items():
+        out.append(f"The {cell} cell was not run: {why}.")
+    if any(c["kind"] == "prefix_reuse" and c["samples"][0].get("evicted") is False
+           for c in cells.values()):  # fmt: skip
+        out.append("In the prefix-reuse cell the first prompt was still in the GPU cache when "
+                   "sent again (the GPU cache counted hits): it measures no tier.")  # fmt: skip
     if receipt.get("log") is None:
         out.append("No server log was given (--log): capacity, geometry and GPU names are absent.")
     if receipt.get("image", {}).get("ref") is None:

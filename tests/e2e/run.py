@@ -36,6 +36,7 @@ sys.path.insert(0, str(REPO))
 
 from launch.compose_env import ENV_PATH  # noqa: E402
 from launch.image_lock import COMPOSE_DIR, LOCK_PATH, read_lock  # noqa: E402
+from launch.loader import load  # noqa: E402
 from tests.bench_client import VLLM_BENCH  # noqa: E402
 
 PROFILE = "cpu-tiny"
@@ -48,13 +49,15 @@ AGREEMENT = 0.10
 DECODE_CONCURRENCY = 4
 DECODE_TOKENS = 128
 DECODE_PAIRS = 3
-"""Kit and vLLM decode runs alternate this many times. On two cores shared by server and client
-the server's speed moves by tens of percent between runs (vLLM's own client: 1,198 to 2,176
-tok/s back to back) and with the client's own CPU use (vLLM's client costs far more per token
-than the kit's, `make bench-client`), so each kit run is checked against the server's own
-generated-token counter over its window, and vLLM's figures are reported beside it."""
-PREFILL_TOKENS = 7680
-PREFILL_RUNS = 5
+"""Kit and vLLM decode runs alternate this many times; each kit run is compared with the vLLM run
+just before it and with the server's own generated-token counter over its window. The CPU
+profile's model is built so that a decode step is compute-bound (docker/tiny_model.py): with a
+2 ms overhead-bound step, the server's speed moved by tens of percent between back-to-back runs
+of the same client on two cores, and no two clients could agree."""
+DECODE_PROMPTS = DECODE_CONCURRENCY * 6
+PREFILL_TOKENS = 2048
+PREFILL_RUNS = 3
+REUSE_TOKENS = 1024
 
 
 class StepFailed(Exception):
@@ -110,6 +113,8 @@ class Run:
                 ok, detail = False, str(err)
             except (subprocess.TimeoutExpired, requests.RequestException, OSError) as err:
                 ok, detail = False, f"{type(err).__name__}: {err}"
+            except Exception as err:  # a defect in the step itself still ends in its FAIL line
+                ok, detail = False, f"step crashed: {type(err).__name__}: {err}"
         secs = time.monotonic() - start
         self.results.append((name, ok, detail, secs))
         print(f"{'PASS' if ok else 'FAIL'} {name}: {detail} ({secs:.0f} s)", flush=True)
@@ -274,10 +279,16 @@ def step_smoke(run: Run) -> str:
         raise StepFailed(summary)
     if "log: KV cache tokens" not in out:
         raise StepFailed("the log checks did not run")
+    # vLLM's own glm45 / glm47 parsers on the model's GLM-format output, for real
+    for name in ("api: reasoning separated", "api: tool call", "api: streamed tool call",
+                 "api: structured output", "api: 8 concurrent answers"):  # fmt: skip
+        if name not in out:
+            raise StepFailed(f"{name!r} did not run")
     (run.work / "server.log").write_text(
         run.sh(["docker", "logs", f"{PROJECT}-vllm-1"]).stdout, encoding="utf-8"
     )
-    return summary + " (API checks, and log checks read from the container)"
+    return summary + (" (API checks with vLLM's GLM reasoning and tool parsers, and log checks "
+                      "read from the container)")
 
 
 def vllm_bench(run: Run, tokenizer: Path, *args: str) -> dict:
@@ -321,21 +332,23 @@ def kit_decode(run: Run, out: Path, extra: str) -> None:
 def step_bench(run: Run) -> str:
     """The kit's bench against the same server in the same run as `vllm bench serve`: decode at
     concurrency 4 with 128-token ignore-EOS streams, runs alternating with vLLM's
-    (`DECODE_PAIRS`), each checked against the server's own token counter; prefill TTFT of
-    7,680-token prompts (median of 5) against vLLM's."""
+    (`DECODE_PAIRS`), each checked against vLLM's run and the server's own token counter;
+    prefill TTFT of 2,048-token prompts (median of 3) against vLLM's."""
     tokenizer = run.work / "tokenizer"
     run.sh(["docker", "cp", f"{PROJECT}-vllm-1:/opt/models/kit-tiny-chat", str(tokenizer)])
     decode_args = ("--random-input-len", "4", "--random-output-len", str(DECODE_TOKENS),
                    "--max-concurrency", str(DECODE_CONCURRENCY),
-                   "--num-prompts", str(DECODE_CONCURRENCY * 24))  # fmt: skip
+                   "--num-prompts", str(DECODE_PROMPTS))  # fmt: skip
     receipt_path = run.work / "receipt.json"
+    # the prefix-reuse cell on the real server: its GPU cache (131,072 tokens) keeps a
+    # 1,024-token prompt through 4,096 others, which the cell must see in vLLM's counters
     prefill = (f"--prefill-tokens {PREFILL_TOKENS} --prefill-repeats {PREFILL_RUNS} "
-               "--log")  # fmt: skip
+               f"--reuse-tokens {REUSE_TOKENS} --reuse-evict-tokens 4096 --log")  # fmt: skip
     ref, receipts = [], []
     for i in range(DECODE_PAIRS):
         ref.append(vllm_bench(run, tokenizer, *decode_args)["output_throughput"])
         receipts.append(receipt_path if i == 0 else run.work / f"decode-{i}.json")
-        kit_decode(run, receipts[-1], prefill if i == 0 else "--skip prefill")
+        kit_decode(run, receipts[-1], prefill if i == 0 else "--skip prefill --skip reuse")
     vllm_prefill = vllm_bench(run, tokenizer, "--random-input-len", str(PREFILL_TOKENS),
                               "--random-output-len", "1", "--max-concurrency", "1",
                               "--num-prompts", str(PREFILL_RUNS),
@@ -344,19 +357,30 @@ def step_bench(run: Run) -> str:
                               "--seed", str(secrets.randbelow(2**31)))  # fmt: skip
     receipt = json.loads(receipt_path.read_text())
     ttfts = sorted(s["ttft_s"] for s in receipt["cells"][f"prefill-{PREFILL_TOKENS}"]["samples"])
-    if (receipt["log"] or {}).get("kv_cache_tokens") != 524288:
-        raise StepFailed(f"the receipt's log facts are not the server's: {receipt['log']}")
+    want_tokens = load(PROFILE).profile.expect.kv_cache_tokens
+    if (receipt["log"] or {}).get("kv_cache_tokens") != want_tokens:
+        raise StepFailed(
+            f"the receipt's log facts are not the server's ({want_tokens} KV tokens): "
+            f"{receipt['log']}"
+        )
+    reuse = receipt["cells"][f"reuse-{REUSE_TOKENS}"]["samples"][0]
+    if reuse["evicted"] is not False or not reuse["gpu_cache_hit_tokens"]:
+        raise StepFailed(f"the prefix-reuse cell did not read vLLM's prefix-cache hits: {reuse}")
     decode = [receipt_decode(path) for path in receipts]
     off_server = [(k, srv) for k, srv in decode if srv is None or abs(k - srv) > AGREEMENT * srv]
+    off_vllm = [(k, v) for (k, _), v in zip(decode, ref, strict=True) if abs(k - v) > AGREEMENT * v]
     kit_ttft, ref_ttft = ttfts[len(ttfts) // 2] * 1000, vllm_prefill["median_ttft_ms"]
     shown = (
         f"decode tok/s at c{DECODE_CONCURRENCY}: kit {[round(k) for k, _ in decode]}, the "
         f"server's counter over the same windows {[round(srv or 0) for _, srv in decode]}, vllm "
-        f"bench serve between them {[round(x) for x in ref]}; prefill TTFT ms at "
-        f"{PREFILL_TOKENS} tokens: kit {kit_ttft:.1f}, vllm bench serve {ref_ttft:.1f}"
+        f"bench serve just before each {[round(x) for x in ref]}; prefill TTFT ms at "
+        f"{PREFILL_TOKENS} tokens: kit {kit_ttft:.1f}, vllm bench serve {ref_ttft:.1f}; "
+        f"prefix reuse: {reuse['gpu_cache_hit_tokens']:.0f} tokens from vLLM's prefix cache"
     )
     if off_server:
         raise StepFailed(f"kit decode more than {AGREEMENT:.0%} off the server's count: {shown}")
+    if off_vllm:
+        raise StepFailed(f"kit decode more than {AGREEMENT:.0%} off vllm bench serve: {shown}")
     if abs(kit_ttft - ref_ttft) > AGREEMENT * ref_ttft:
         raise StepFailed(f"prefill more than {AGREEMENT:.0%} off vllm bench serve: {shown}")
     return f"receipt {receipt_path.name}; {shown}"
@@ -495,7 +519,7 @@ STEPS: tuple[tuple[str, Callable[[Run], str], tuple[str, ...]], ...] = (
     ("healthcheck turns healthy", step_healthy, ("docker compose up pulls by digest",)),
     ("make smoke passes every check", step_smoke, ("healthcheck turns healthy",)),
     (
-        "make bench: decode = server count, prefill = vllm bench serve",
+        "make bench: decode and prefill = vllm bench serve",
         step_bench,
         ("healthcheck turns healthy",),
     ),

@@ -1,0 +1,53 @@
+"""The Docker Engine API, for the commands that ask the local engine something.
+
+`smoke` reads a compose service's containers and logs through it; `launch pin --local` reads a
+locally built image's ID; `launch up` checks that a locally pinned image is still there. One
+place connects, negotiates the API version (the engine may be older than the SDK) and turns an
+engine that does not answer into an error naming the socket and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import requests
+from docker.errors import DockerException, ImageNotFound
+
+from launch.errors import ProfileError
+
+DEFAULT_SOCKET = "unix:///var/run/docker.sock"
+ENGINE_ERRORS = (DockerException, requests.RequestException, OSError)
+
+
+def engine_address() -> str:
+    return os.environ.get("DOCKER_HOST") or DEFAULT_SOCKET
+
+
+def connect(fix: str) -> Any:
+    """A Docker client with the API version negotiated; exit 2 naming the socket if none.
+    `fix` is the caller's way around a missing engine, appended to the usual ones."""
+    import docker
+
+    where = engine_address()
+    try:
+        client = docker.DockerClient(base_url=where, version="auto", timeout=10)
+        client.ping()
+    except ENGINE_ERRORS as err:
+        cause = str(err).splitlines()[0][:160]
+        raise ProfileError(
+            "docker engine",
+            where,
+            f"does not answer ({cause})",
+            "start dockerd (or Docker Desktop), check you may use its socket (the docker group), "
+            f"set DOCKER_HOST if it listens elsewhere, or {fix}",
+        ) from err
+    return client
+
+
+def local_image_id(client: Any, ref: str) -> str | None:
+    """The engine's ID (`sha256:<config digest>`) of image `ref`, or None if it has none."""
+    try:
+        return client.images.get(ref).id
+    except ImageNotFound:
+        return None

@@ -1,0 +1,87 @@
+"""KV cache tiers below the GPU cache: what vLLM's offload flags need from the host.
+
+vLLM 0.33.0 enables a host tier with `--kv-offloading-backend native|lmcache` and
+`--kv-offloading-size <GiB>` (`vllm/config/vllm.py`, `_post_init_kv_transfer_config`: without a
+size nothing is offloaded, whatever the backend). The native backend stages the tier through one
+memory-mapped file in /dev/shm (`v1/kv_offload/cpu/shared_offload_region.py`: `Created mmap file
+... (N GB)`), so the container's shared memory must hold it beside vLLM's own message queues, and
+the host must have the memory behind it. These are pure functions: the validator and `launch run`
+feed them the profile and what they read from the host.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+GIB = 1 << 30
+MIB = 1 << 20
+OFFLOAD_FLAGS = ("kv_offloading_backend", "kv_offloading_size")
+"""vLLM's EngineArgs names for the host tier; `engine.kv_offload` renders to their flags."""
+OFF = "vram"
+"""The mode without a host tier (GPU KV cache only), as the seeds' runtime names it."""
+CONNECTORS = {
+    "native": ("OffloadingConnector", "SimpleCPUOffloadConnector"),
+    "lmcache": ("LMCacheMPConnector",),
+}
+"""The KV connector vLLM creates for each backend (`_post_init_kv_transfer_config`; native picks
+SimpleCPUOffloadConnector when VLLM_USE_SIMPLE_KV_OFFLOAD is set)."""
+MQ_CHUNKS = 10
+MQ_CHUNK_BYTES = 24 * MIB
+"""vLLM's shared-memory message queue ring: 10 chunks of at most 24 MiB
+(`distributed/device_communicators/shm_broadcast.py`, MessageQueue defaults)."""
+OTHER_SHM_BYTES = 1 * GIB
+"""NCCL's shared-memory transport and PyTorch's shared tensors, which vLLM does not size: the
+kit keeps 1 GiB for them."""
+
+
+def vllm_shm_bytes(world_size: int) -> int:
+    """/dev/shm vLLM itself uses besides an offload region: the executor's broadcast queue, the
+    tensor-parallel group's broadcaster, one response queue per worker, and `OTHER_SHM_BYTES`."""
+    return (2 + world_size) * MQ_CHUNKS * MQ_CHUNK_BYTES + OTHER_SHM_BYTES
+
+
+def region_bytes(size_gib: float) -> int:
+    """The offload region vLLM maps: `kv_offloading_size` GiB summed over the TP ranks."""
+    return int(size_gib * GIB)
+
+
+def shm_needed_bytes(size_gib: float, world_size: int) -> int:
+    return region_bytes(size_gib) + vllm_shm_bytes(world_size)
+
+
+_MEMINFO = re.compile(r"^(?P<key>\w+):\s+(?P<kib>\d+) kB$", re.MULTILINE)
+
+
+def mem_available_bytes(
+    meminfo: str, cgroup_max: str | None = None, cgroup_current: str | None = None
+) -> int | None:
+    """Memory a new allocation can get: /proc/meminfo's MemAvailable, capped by what the
+    container's cgroup still allows (memory.max - memory.current; "max" means no limit).
+    None if neither says."""
+    values = {m.group("key"): int(m.group("kib")) * 1024 for m in _MEMINFO.finditer(meminfo)}
+    available = values.get("MemAvailable")
+    limit, used = (cgroup_max or "").strip(), (cgroup_current or "0").strip()
+    if limit.isdigit() and used.isdigit():
+        room = max(int(limit) - int(used), 0)
+        available = room if available is None else min(available, room)
+    return available
+
+
+def gib(n: int) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def read_host_memory(root: Path = Path("/")) -> int | None:
+    """What `mem_available_bytes` says about this host or container (thin I/O)."""
+
+    def text(path: str) -> str | None:
+        file = root / path
+        return file.read_text(encoding="utf-8") if file.is_file() else None
+
+    meminfo = text("proc/meminfo")
+    if meminfo is None:
+        return None
+    return mem_available_bytes(
+        meminfo, text("sys/fs/cgroup/memory.max"), text("sys/fs/cgroup/memory.current")
+    )

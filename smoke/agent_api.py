@@ -1,0 +1,341 @@
+"""Checks of what coding agents and chat clients call: reasoning kept out of the answer, tool
+calls (whole and streamed), structured output, simultaneous requests, an image named, and a
+needle brought back out of a long prompt.
+
+Which checks apply comes from the profile: reasoning only where a reasoning parser runs, tool
+calls only where a tool-call parser and auto tool choice are set, vision and long context where
+its `smoke` section says the model can. A check that does not apply (or that `--skip` names) is
+reported as skipped with the reason, never as passed. The prompts and the tool are constants the
+CPU lane's model is trained on (docker/tiny_model.py), so on that server every check can pass
+for real; on GLM-5.3 they are ordinary requests.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+import zlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import requests
+
+from launch.profile import Profile
+from smoke.api import (
+    READY_PROMPT,
+    CheckFailed,
+    Server,
+    _choice,
+    _guard,
+    _json,
+    _post_json,
+    _stream_chunks,
+)
+from smoke.verdict import Check, skipped
+
+TOOL_PROMPT = "What is the weather in Paris right now?"
+TOOL_CITY = "Paris"
+WEATHER_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "City name"}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+STRUCTURED_PROMPT = "Reply in JSON with the field answer set to READY"
+ANSWER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"answer": {"type": "string"}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
+DEFAULT_CONCURRENCY = 8
+NEEDLE = "ORCHID-7319"
+"""The code the seeds' runtime plants in its long-context check."""
+NEEDLE_SENTENCE = f"The secret code for the vault is {NEEDLE}."
+NEEDLE_QUESTION = "What is the secret code for the vault? Answer with the code only."
+FILLER = ("The river bends past the old mill, where the miller keeps his ledgers in a dry "
+          "room above the wheel. ")  # fmt: skip
+RED = (220, 20, 20)
+_TYPES = {"string": str, "number": (int, float), "integer": int, "boolean": bool, "object": dict}
+
+
+def schema_problems(value: Any, schema: dict[str, Any]) -> list[str]:
+    """What keeps `value` from matching a flat object schema (types, required keys, no extra
+    keys when additionalProperties is false): the subset the tool and the JSON check use."""
+    if not isinstance(value, dict):
+        return [f"not an object: {value!r}"]
+    props = schema.get("properties", {})
+    problems = [f"missing {k!r}" for k in schema.get("required", []) if k not in value]
+    if schema.get("additionalProperties") is False:
+        problems += [f"unexpected {k!r}" for k in value if k not in props]
+    for key, sub in props.items():
+        want = _TYPES.get(sub.get("type", ""))
+        if key in value and want is not None and not isinstance(value[key], want):
+            problems.append(f"{key!r} is not a {sub['type']}")
+    return problems
+
+
+def _message(data: dict[str, Any]) -> dict[str, Any]:
+    return _choice(data).get("message") or {}
+
+
+def _reasoning(message: dict[str, Any]) -> str | None:
+    """vLLM 0.33 returns `reasoning`; older builds and the fork `reasoning_content`."""
+    return message.get("reasoning") or message.get("reasoning_content")
+
+
+def check_reasoning(server: Server) -> Check:
+    def body() -> str:
+        data = _json(_post_json(server, {
+            "messages": [{"role": "user", "content": READY_PROMPT}],
+            "max_tokens": server.answer_budget(16),
+        }))  # fmt: skip
+        message = _message(data)
+        thought, content = _reasoning(message), message.get("content")
+        if not thought:
+            raise CheckFailed(f"no reasoning returned; content {content!r}")
+        if not isinstance(content, str) or content.strip() != "READY":
+            raise CheckFailed(f"content {content!r} (reasoning {len(thought)} chars)")
+        return f"reasoning {len(thought)} chars, content 'READY'"
+
+    return _guard("api: reasoning separated", "reasoning non-empty, content 'READY'", body)
+
+
+def _tool_request(stream: bool) -> dict[str, Any]:
+    return {
+        "messages": [{"role": "user", "content": TOOL_PROMPT}],
+        "tools": [WEATHER_TOOL],
+        "tool_choice": "auto",
+        "max_tokens": 512,
+        **({"stream": True} if stream else {}),
+    }
+
+
+def _judge_call(name: str | None, arguments: str | None) -> dict[str, Any]:
+    want = WEATHER_TOOL["function"]
+    if name != want["name"]:
+        raise CheckFailed(f"tool {name!r}, expected {want['name']!r}")
+    try:
+        args = json.loads(arguments or "")
+    except ValueError as err:
+        raise CheckFailed(f"arguments are not JSON: {arguments!r}") from err
+    problems = schema_problems(args, want["parameters"])
+    if problems:
+        raise CheckFailed(f"arguments {arguments} do not match the schema: {'; '.join(problems)}")
+    return args
+
+
+def tool_call(server: Server) -> tuple[str, dict[str, Any]]:
+    """The first tool call of a non-streamed request, judged against the tool's schema."""
+    data = _json(_post_json(server, _tool_request(stream=False)))
+    message = _message(data)
+    calls = message.get("tool_calls") or []
+    if not calls:
+        raise CheckFailed(f"no tool_calls; content {message.get('content')!r}")
+    function = calls[0].get("function") or {}
+    return function.get("name"), _judge_call(function.get("name"), function.get("arguments"))
+
+
+def check_tool_call(server: Server) -> Check:
+    def body() -> str:
+        name, args = tool_call(server)
+        return f"{name}({json.dumps(args)})"
+
+    return _guard("api: tool call", "tool_calls with get_weather, arguments per schema", body)
+
+
+def check_tool_call_stream(server: Server) -> Check:
+    def body() -> str:
+        name, args = tool_call(server)
+        streamed_name, pieces = None, []
+        for chunk in _stream_chunks(server, _tool_request(stream=True)):
+            for choice in chunk.get("choices") or []:
+                for call in (choice.get("delta") or {}).get("tool_calls") or []:
+                    if call.get("index", 0) != 0:
+                        continue
+                    function = call.get("function") or {}
+                    streamed_name = function.get("name") or streamed_name
+                    pieces.append(function.get("arguments") or "")
+        streamed = _judge_call(streamed_name, "".join(pieces))
+        if streamed != args:
+            raise CheckFailed(f"streamed {json.dumps(streamed)}, whole {json.dumps(args)}")
+        return f"{len(pieces)} argument deltas reassemble to {name}({json.dumps(streamed)})"
+
+    return _guard("api: streamed tool call", "deltas reassemble to the same call", body)
+
+
+def check_structured_output(server: Server) -> Check:
+    def body() -> str:
+        data = _json(_post_json(server, {
+            "messages": [{"role": "user", "content": STRUCTURED_PROMPT}],
+            "max_tokens": server.answer_budget(64),
+            "response_format": {"type": "json_schema",
+                                "json_schema": {"name": "answer", "schema": ANSWER_SCHEMA}},
+        }, thinking_off=True))  # fmt: skip
+        content = _message(data).get("content")
+        try:
+            value = json.loads(content or "")
+        except ValueError as err:
+            raise CheckFailed(f"content is not JSON: {content!r}") from err
+        problems = schema_problems(value, ANSWER_SCHEMA)
+        if problems:
+            raise CheckFailed(f"{content} does not match the schema: {'; '.join(problems)}")
+        return content.strip()
+
+    return _guard("api: structured output", "JSON matching the response_format schema", body)
+
+
+def check_concurrency(server: Server, n: int = DEFAULT_CONCURRENCY) -> Check:
+    def one(_: int) -> str:
+        data = _json(_post_json(server, {
+            "messages": [{"role": "user", "content": READY_PROMPT}],
+            "max_tokens": server.answer_budget(16),
+        }, thinking_off=True))  # fmt: skip
+        return str(_message(data).get("content") or "").strip()
+
+    def body() -> str:
+        with ThreadPoolExecutor(max_workers=n) as pool:
+            answers = list(pool.map(one, range(n)))
+        wrong = [(i, a) for i, a in enumerate(answers) if a != "READY"]
+        if wrong:
+            raise CheckFailed(f"{len(wrong)} of {n} answered otherwise: {wrong[:3]}")
+        return f"{n} of {n} answered 'READY'"
+
+    return _guard(f"api: {n} concurrent answers", f"all {n} answer 'READY'", body)
+
+
+def png(colour: tuple[int, int, int], size: int = 64) -> bytes:
+    """A single-colour RGB PNG, made in memory (no imaging library)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+    row = b"\x00" + bytes(colour) * size
+    header = struct.pack(">IIBBBBB", size, size, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header)
+            + chunk(b"IDAT", zlib.compress(row * size)) + chunk(b"IEND", b""))  # fmt: skip
+
+
+def check_vision(server: Server) -> Check:
+    def body() -> str:
+        url = "data:image/png;base64," + base64.b64encode(png(RED)).decode()
+        data = _json(_post_json(server, {
+            "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "What colour is this image? Answer with one word."},
+                {"type": "image_url", "image_url": {"url": url}},
+            ]}],
+            "max_tokens": server.answer_budget(16),
+        }, thinking_off=True))  # fmt: skip
+        content = str(_message(data).get("content") or "").strip()
+        if "red" not in content.lower():
+            raise CheckFailed(f"answer {content!r} for a red image")
+        return repr(content)
+
+    return _guard("api: vision", "a red PNG is named 'Red'", body)
+
+
+def count_tokens(server: Server, messages: list[dict[str, Any]]) -> int:
+    """The chat-templated prompt length by the server's own tokenizer (`/tokenize`)."""
+    response = requests.post(server.url("/tokenize"),
+                             json={"model": server.model_id, "messages": messages},
+                             headers=server.headers(), timeout=(5, server.timeout))  # fmt: skip
+    data = _json(response)
+    if "count" not in data:
+        raise CheckFailed(f"/tokenize gave no count: {json.dumps(data)[:80]}")
+    return int(data["count"])
+
+
+def needle_prompt(server: Server, tokens: int, depth: float) -> list[dict[str, Any]]:
+    """Messages of exactly `tokens` tokens: filler with the needle at `depth`, then the question.
+    Whole filler sentences by binary search, then single words to close the gap."""
+
+    def messages(filler: str) -> list[dict[str, Any]]:
+        cut = int(len(filler) * depth)
+        cut = filler.rfind(". ", 0, cut) + 2 if ". " in filler[:cut] else 0
+        text = f"{filler[:cut]}{NEEDLE_SENTENCE} {filler[cut:]}\n\n{NEEDLE_QUESTION}"
+        return [{"role": "user", "content": text}]
+
+    lo, hi = 0, max(tokens // 8, 1)
+    while lo < hi:  # most whole sentences that stay within the budget
+        mid = (lo + hi + 1) // 2
+        if count_tokens(server, messages(FILLER * mid)) <= tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    filler = FILLER * lo
+    words = FILLER.split()
+    for i in range(len(words) * 4):
+        count = count_tokens(server, messages(filler))
+        if count == tokens:
+            return messages(filler)
+        if count > tokens:
+            break
+        filler += words[i % len(words)] + " "
+    raise CheckFailed(f"no prompt of exactly {tokens} tokens could be built (reached {count})")
+
+
+def check_long_context(server: Server, tokens: int, depth: float) -> Check:
+    def body() -> str:
+        messages = needle_prompt(server, tokens, depth)
+        data = _json(_post_json(server, {"messages": messages,
+                                         "max_tokens": server.answer_budget(32)},
+                                thinking_off=True))  # fmt: skip
+        prompt_tokens = (data.get("usage") or {}).get("prompt_tokens")
+        if prompt_tokens != tokens:
+            raise CheckFailed(f"server counted {prompt_tokens} prompt tokens, not {tokens}")
+        content = str(_message(data).get("content") or "").strip()
+        if NEEDLE not in content:
+            raise CheckFailed(f"answer {content[:60]!r}, the needle was {NEEDLE}")
+        return f"{NEEDLE} back from {tokens:,} tokens"
+
+    return _guard(f"api: needle in {tokens:,} tokens", f"{NEEDLE} at depth {depth:g}", body)
+
+
+def agent_checks(profile: Profile, concurrency: int = DEFAULT_CONCURRENCY,
+                 context_tokens: int | None = None
+                 ) -> list[tuple[str, Callable[[Server], Check] | str]]:  # fmt: skip
+    """(check name, the check, or why it does not apply to this profile)."""
+    e, sm = profile.engine, profile.smoke
+    tokens = context_tokens or sm.context_tokens
+    tools = (None if e.tool_call_parser and e.enable_auto_tool_choice
+             else "the profile sets no tool-call parser with auto tool choice")  # fmt: skip
+    return [
+        ("api: reasoning separated",
+         check_reasoning if e.reasoning_parser else "the profile sets no reasoning parser"),
+        ("api: tool call", tools or check_tool_call),
+        ("api: streamed tool call", tools or check_tool_call_stream),
+        ("api: structured output", check_structured_output),
+        (f"api: {concurrency} concurrent answers",
+         lambda server: check_concurrency(server, concurrency)),
+        ("api: vision", check_vision if sm.vision else "the profile's model takes no images"),
+        (f"api: needle in {tokens:,} tokens" if tokens else "api: needle in a long prompt",
+         (lambda server: check_long_context(server, tokens, sm.needle_depth)) if tokens
+         else "the profile states no long-context check (smoke.context_tokens)"),
+    ]  # fmt: skip
+
+
+CHECK_KEYS = ("reasoning", "tool", "structured", "concurrent", "vision", "needle")
+"""What `--only` / `--skip` take: a key matches every check whose name contains it."""
+
+
+def run_agent_checks(server: Server, profile: Profile, concurrency: int = DEFAULT_CONCURRENCY,
+                     context_tokens: int | None = None, only: tuple[str, ...] = (),
+                     skip: tuple[str, ...] = ()) -> list[Check]:  # fmt: skip
+    out = []
+    for name, check in agent_checks(profile, concurrency, context_tokens):
+        if only and not any(key in name for key in only):
+            check = "not in --only"
+        elif any(key in name for key in skip):
+            check = "--skip"
+        out.append(skipped(name, check) if isinstance(check, str) else check(server))
+    return out
