@@ -96,13 +96,13 @@ class VllmInstall:
         does not meet; or vLLM's LMCache connector failing to import (a wheel whose compiled ops
         were built for another torch or CUDA stops there with an undefined symbol). Installing
         another wheel at start would crash later instead, so the kit refuses."""
-        from packaging.specifiers import SpecifierSet  # vLLM's own dependency
-
         lmcache, torch = self.distribution("lmcache"), self.distribution("torch")
         if lmcache is None:
             return "LMCache is not installed in this image"
         if torch is None:
             return "torch is not installed in this image"
+        from packaging.specifiers import SpecifierSet  # vLLM's own dependency
+
         pins = [m.group("spec") or "" for r in lmcache.requires or [] if (m := _TORCH_REQ.match(r))]
         wanted = SpecifierSet(pins[0].strip()) if pins else SpecifierSet()
         if torch.version.split("+")[0] not in wanted:

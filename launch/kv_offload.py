@@ -16,8 +16,8 @@ from pathlib import Path
 
 GIB = 1 << 30
 MIB = 1 << 20
-OFFLOAD_FLAGS = ("kv_offloading_backend", "kv_offloading_size")
-"""vLLM's EngineArgs names for the host tier; `engine.kv_offload` renders to their flags."""
+OFFLOAD_FLAGS = {"--kv-offloading-backend": "backend", "--kv-offloading-size": "size_gib"}
+"""vLLM's flags for the host tier -> the `engine.kv_offload` field each renders from."""
 OFF = "vram"
 """The mode without a host tier (GPU KV cache only), as the seeds' runtime names it."""
 CONNECTORS = {
@@ -66,6 +66,12 @@ def mem_available_bytes(
         room = max(int(limit) - int(used), 0)
         available = room if available is None else min(available, room)
     return available
+
+
+def tier_in_argv(argv: list[str]) -> dict[str, str] | None:
+    """The host tier a rendered command asks for ({flag: value}), or None without one."""
+    given = {f: argv[argv.index(f) + 1] for f in OFFLOAD_FLAGS if f in argv[:-1]}
+    return given or None
 
 
 def gib(n: int) -> str:

@@ -67,7 +67,7 @@ ENV_OVERRIDES: dict[str, str] = {
 
 # Where and how the container runs, not what the engine computes: changing one is shown, but
 # never makes a run unqualified (the image, fallbacks and floating revisions do). The smoke
-# check's own settings (`smoke.*`) are shown the same way.
+# check's own settings (`smoke.*`) are shown the same way. Matched as path prefixes.
 PLACEMENT_PATHS = (
     "deployment.gpu_devices",
     "deployment.gpus_from_runtime",
@@ -75,6 +75,7 @@ PLACEMENT_PATHS = (
     "deployment.port",
     "deployment.shm_size_gib",
     "deployment.startup_budget_s",
+    "smoke.",
 )
 
 # Paths a user may not override: they name the profile or its evidence, not a setting.
@@ -159,8 +160,7 @@ def apply(
             continue
         node[parts[-1]] = value
         line = f"{ov.path}: {_show(old)} -> {_show(value)} (from {ov.origin})"
-        shown_only = ov.path in PLACEMENT_PATHS or ov.path.startswith("smoke.")
-        (placement if shown_only else deviations).append(line)
+        (placement if ov.path.startswith(PLACEMENT_PATHS) else deviations).append(line)
     return data, deviations, placement
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from launch.kv_offload import OFF
+
 GLM53_ARCHITECTURE = "Glm5NextForConditionalGeneration"
 
 
@@ -41,7 +43,7 @@ class KVOffload:
     """A host-memory KV tier below the GPU cache: vLLM's `--kv-offloading-backend` and
     `--kv-offloading-size` (rendered only when the backend is not `vram`)."""
 
-    backend: str = "vram"
+    backend: str = OFF
     """`vram` (no host tier: GPU KV cache only), `native` (vLLM's own CPU offload, staged through
     /dev/shm) or `lmcache` (LMCache's connector; the image must provide LMCache)."""
     size_gib: float = 32.0
@@ -75,7 +77,8 @@ class EngineArgs:
     enable_prefix_caching: bool | None = None
     reasoning_parser: str | None = None
     """A name in the installed vLLM's reasoning-parser registry (`vllm/reasoning/__init__.py`):
-    the model's thinking goes to `reasoning_content`, the answer to `content`."""
+    the model's thinking goes to `reasoning` (`reasoning_content` before vLLM 0.33), the answer
+    to `content`."""
     tool_call_parser: str | None = None
     """A name in vLLM's tool-parser registry (`vllm/tool_parsers/__init__.py`)."""
     enable_auto_tool_choice: bool | None = None

@@ -65,8 +65,9 @@ def flag(name: str) -> str:
 def offload_argv(offload: KVOffload | None) -> list[str]:
     if offload is None or offload.backend == OFF:
         return []
-    backend, size = OFFLOAD_FLAGS
-    return [flag(backend), offload.backend, flag(size), f"{offload.size_gib:g}"]
+    values = (getattr(offload, field) for field in OFFLOAD_FLAGS.values())
+    shown = (f"{v:g}" if isinstance(v, float) else v for v in values)  # 32.0 renders as 32
+    return [arg for pair in zip(OFFLOAD_FLAGS, shown, strict=True) for arg in pair]
 
 
 def engine_argv(engine: EngineArgs) -> list[str]:

@@ -391,9 +391,7 @@ def check_extra_args(p: Profile) -> None:
         )  # fmt: skip
     rendered = {"--" + f.name.replace("_", "-"): f"engine.{f.name}" for f in fields(p.engine)}
     rendered |= {"--host": "deployment.host", "--port": "deployment.port"}
-    offload_fields = ("engine.kv_offload.backend", "engine.kv_offload.size_gib")
-    rendered |= {"--" + f.replace("_", "-"): path
-                 for f, path in zip(OFFLOAD_FLAGS, offload_fields, strict=True)}  # fmt: skip
+    rendered |= {name: f"engine.kv_offload.{field}" for name, field in OFFLOAD_FLAGS.items()}
     variables = {path: name for name, path in ENV_OVERRIDES.items()}
     for arg in extra:
         name = arg.split("=", 1)[0]

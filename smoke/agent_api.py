@@ -25,6 +25,7 @@ import requests
 from launch.profile import Profile
 from smoke.api import (
     READY_PROMPT,
+    REASONING_FIELDS,
     CheckFailed,
     Server,
     _choice,
@@ -89,8 +90,7 @@ def _message(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _reasoning(message: dict[str, Any]) -> str | None:
-    """vLLM 0.33 returns `reasoning`; older builds and the fork `reasoning_content`."""
-    return message.get("reasoning") or message.get("reasoning_content")
+    return next((message[k] for k in REASONING_FIELDS if message.get(k)), None)
 
 
 def check_reasoning(server: Server) -> Check:

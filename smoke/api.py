@@ -20,6 +20,9 @@ from smoke.verdict import Check
 READY_PROMPT = "Reply with exactly READY"
 LENGTH_PROMPT = "Count from one to one hundred in words, separated by commas."
 LENGTH_LIMIT = 5
+REASONING_FIELDS = ("reasoning", "reasoning_content")
+"""Where vLLM puts separated thinking: `reasoning` in 0.33, `reasoning_content` before (and in
+the fork's builds)."""
 REASONING_BUDGET = 2048
 """max_tokens of an exact-answer request to a reasoning server: the thinking comes first."""
 
@@ -226,8 +229,7 @@ def check_stream(server: Server) -> Check:
             for chunk in _sse_chunks(server, response):
                 for choice in chunk.get("choices") or []:
                     delta = choice.get("delta") or {}
-                    # text or reasoning (`reasoning` in vLLM 0.33, `reasoning_content` before)
-                    if any(delta.get(k) for k in ("content", "reasoning", "reasoning_content")):
+                    if any(delta.get(k) for k in ("content", *REASONING_FIELDS)):
                         arrivals.append(time.monotonic())
         except StreamCut as err:
             raise CheckFailed(f"{err} after {len(arrivals)} text chunks") from err

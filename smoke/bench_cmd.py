@@ -174,7 +174,7 @@ def reuse_sizes(args: argparse.Namespace, max_model_len: int | None,
     """(prompt length, evicting tokens) of the prefix-reuse cell: to leave the GPU cache the
     first prompt must be followed by more tokens than the cache holds, which the log says;
     None (the cell is skipped, and the receipt says why) when nothing says how many."""
-    length = args.reuse_tokens or min(32768, (max_model_len or 65536) // 2)
+    length = args.reuse_tokens or min(32768, max_model_len // 2 if max_model_len else 32768)
     if args.reuse_evict_tokens:
         return length, args.reuse_evict_tokens
     held = (log or {}).get("kv_cache_tokens")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from launch.errors import ProfileError
+from launch.kv_offload import OFFLOAD_FLAGS, tier_in_argv
 from smoke.bench import receipt as receipts
 
 NAME = "compare"
@@ -80,12 +81,9 @@ def table(a: dict[str, Any], b: dict[str, Any]) -> str:
 
 
 def _tier(argv: list[str]) -> str:
-    """The host KV tier a rendered command asks for (`--kv-offloading-*`), or none."""
-    if "--kv-offloading-backend" not in argv[:-1]:
-        return "none"
-    backend = argv[argv.index("--kv-offloading-backend") + 1]
-    size = argv[argv.index("--kv-offloading-size") + 1] if "--kv-offloading-size" in argv else "?"
-    return f"{backend}, {size}"
+    """The host KV tier a rendered command asks for, as `backend, GiB`, or none."""
+    tier = tier_in_argv(argv)
+    return "none" if tier is None else ", ".join(tier.get(f, "?") for f in OFFLOAD_FLAGS)
 
 
 def kv_budget(argv: list[str]) -> str | None:

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from launch.kv_offload import tier_in_argv
+
 RECEIPT_KIND = "glm53-kit-bench-receipt"
 STATIC_LIMITATIONS = [
     "Output tokens/s depends on the draft's acceptance; compare target steps/s across geometries.",
@@ -70,7 +72,7 @@ def limitations(receipt: Mapping[str, Any]) -> list[str]:
         out.append(f"{failed} request(s) failed and are excluded from the figures.")
     argv = (receipt.get("plan") or {}).get("argv") or []
     if any(c["kind"] == "prefix_reuse" for c in cells.values()):
-        if "--kv-offloading-backend" not in argv:
+        if tier_in_argv(argv) is None:
             out.append(
                 "The prefix-reuse cell ran without a host KV tier: its repeat TTFT is a full "
                 "prefill again; compare with a receipt taken with CACHE_MODE=native."
