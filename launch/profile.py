@@ -48,7 +48,8 @@ class KVOffload:
     /dev/shm) or `lmcache` (LMCache's connector; the image must provide LMCache)."""
     size_gib: float = 32.0
     """Host memory for the tier in GiB, summed over the tensor-parallel ranks (vLLM's
-    kv_offloading_size); with none set vLLM offloads nothing."""
+    kv_offloading_size; with none set vLLM offloads nothing). The default is the kit's choice:
+    with vLLM's own shared memory it fits the profiles' 64 GiB of /dev/shm."""
 
 
 @dataclass(frozen=True)
