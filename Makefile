@@ -13,13 +13,14 @@ CPU_ENV := VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1
 PRISTINE_VLLM = $(shell $(TEST_PY) -c 'import importlib.util as u; print(u.find_spec("vllm").submodule_search_locations[0])')
 PATCHED := $(TEST_VENV)/vllm-patched
 
-.PHONY: help test lint plan configure up down logs pin build build-cpu smoke bench compare \
+.PHONY: help test lint plan configure fetch up down logs pin build build-cpu smoke bench compare \
 	bench-client patched-vllm patches-report lock e2e
 
 help:
 	@echo "make test                 build the CPU test environment and run every test"
 	@echo "make plan PROFILE=name    print the exact command and environment a profile runs"
 	@echo "make configure PROFILE=name   write compose/.env, then plain docker compose runs it"
+	@echo "make fetch PROFILE=name   download and verify the profile's weights into the cache volume"
 	@echo "make up PROFILE=name      configure, then docker compose up -d"
 	@echo "make down / make logs     stop / follow what compose/.env runs"
 	@echo "make e2e                  the whole user path on the CPU image, no GPU (Docker needed)"
@@ -71,6 +72,12 @@ REPLICAS ?=
 configure: $(KIT_STAMP)
 	@test -n "$(PROFILE)" || { echo "usage: make configure PROFILE=<name> [REPLICAS=N]"; exit 2; }
 	$(KIT_PY) -m launch configure $(PROFILE) $(if $(REPLICAS),--replicas $(REPLICAS))
+
+# The profile's model (and draft) at their pinned revisions into the weights volume, verified,
+# through compose's `fetch` service (the profile's image); run again to resume. CHECK=1 only asks.
+fetch: $(KIT_STAMP)
+	@test -n "$(PROFILE)" || { echo "usage: make fetch PROFILE=<name> [CHECK=1]"; exit 2; }
+	$(KIT_PY) -m launch fetch $(PROFILE) $(if $(CHECK),--check)
 
 up: $(KIT_STAMP)
 	@test -n "$(PROFILE)" || { echo "usage: make up PROFILE=<name>"; exit 2; }

@@ -6,10 +6,18 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from launch.commands import configure_cmd, list_cmd, pin_cmd, render_cmd, run_cmd, up_cmd
+from launch.commands import (
+    configure_cmd,
+    fetch_cmd,
+    list_cmd,
+    pin_cmd,
+    render_cmd,
+    run_cmd,
+    up_cmd,
+)
 from launch.errors import USAGE_EXIT, ProfileError
 
-COMMANDS = (list_cmd, render_cmd, run_cmd, configure_cmd, up_cmd, pin_cmd)
+COMMANDS = (list_cmd, render_cmd, run_cmd, configure_cmd, fetch_cmd, up_cmd, pin_cmd)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,9 +1,9 @@
 """The Docker Engine API, for the commands that ask the local engine something.
 
 `smoke` reads a compose service's containers and logs through it; `launch pin --local` reads a
-locally built image's ID; `launch up` checks that a locally pinned image is still there. One
-place connects, negotiates the API version (the engine may be older than the SDK) and turns an
-engine that does not answer into an error naming the socket and the fix.
+locally built image's ID; `launch up` and `fetch` check that a locally pinned image is still
+there. One place connects, negotiates the API version (the engine may be older than the SDK) and
+turns an engine that does not answer into an error naming the socket and the fix.
 """
 
 from __future__ import annotations
@@ -51,3 +51,15 @@ def local_image_id(client: Any, ref: str) -> str | None:
         return client.images.get(ref).id
     except ImageNotFound:
         return None
+
+
+def require_local_image(image_id: str) -> None:
+    """A locally pinned image must still be on this engine: compose would otherwise try to pull
+    the bare ID from Docker Hub and fail with a registry error."""
+    client = connect("pin a pushed image by digest instead (`make pin IMAGE=repo:tag`)")
+    if local_image_id(client, image_id) is None:
+        raise ProfileError(
+            "IMAGE", image_id, "is pinned as a local image ID, and this Docker engine has no such "
+            "image (removed, or built on another machine)",
+            "build it again and `make pin IMAGE=<tag> LOCAL=1`, or push it and pin the digest",
+        )  # fmt: skip

@@ -116,8 +116,7 @@ def test_unreachable_registry_and_bad_refs_exit_2(lock):
 
 def test_a_locally_built_image_is_pinned_by_its_image_id(tmp_path, lock):
     """Against the real engine `.ci/run` starts: an image built here and never pushed."""
-    from launch.commands.up_cmd import check_local_image
-    from launch.docker_api import connect
+    from launch.docker_api import connect, require_local_image
     from launch.errors import ProfileError
     from launch.image_lock import read_lock, resolve_image
 
@@ -146,11 +145,11 @@ def test_a_locally_built_image_is_pinned_by_its_image_id(tmp_path, lock):
         with pytest.raises(ProfileError) as err:
             resolve_image("cpu", {}, lock, local_ok=False)
         assert "is a local image ID" in err.value.rule and "make pin" in err.value.fix
-        check_local_image(image_id)
+        require_local_image(image_id)
     finally:
         subprocess.run(["docker", "image", "rm", "--force", tag], capture_output=True, check=True)
     with pytest.raises(ProfileError) as err:
-        check_local_image(image_id)
+        require_local_image(image_id)
     assert "this Docker engine has no such image" in err.value.rule
     gone = pin(lock, tag, "--source", "cpu", "--local")
     assert gone.returncode == 2

@@ -58,11 +58,20 @@ class Configured:
     replicas_doc: dict | None
 
 
-def configure(args: argparse.Namespace, environ: Mapping[str, str]) -> Configured:
-    """The compose settings for the profile, validated; writes nothing."""
+def plan_for_compose(args: argparse.Namespace, environ: Mapping[str, str]) -> Plan:
+    """The profile with the user's compose/.env, the environment and `--set` applied, validated."""
     env_file = user_settings()
     settings = {**env_file, **environ}
-    plan = build_plan(profile_name(args, settings), args.sets, environ, None, env_file)
+    return build_plan(profile_name(args, settings), args.sets, environ, None, env_file)
+
+
+def configure(
+    args: argparse.Namespace, environ: Mapping[str, str], plan: Plan | None = None
+) -> Configured:
+    """The compose settings for the profile (`plan`, if already made), validated; writes
+    nothing."""
+    settings = {**user_settings(), **environ}
+    plan = plan or plan_for_compose(args, environ)
     values = {
         **replica_runtime_env(plan),
         "IMAGE": resolve_image(plan.profile.deployment.image, settings),

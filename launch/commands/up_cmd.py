@@ -3,7 +3,9 @@
 The profile is validated and compose/.env written first (`launch configure`: bad input exits 2
 before Docker is touched); compose then runs in compose/ exactly as a user's plain
 `docker compose up -d` would, reading the same .env. `--config` prints compose's resolved
-configuration instead of starting; `--dry-run` prints what would be written and run.
+configuration instead of starting; `--dry-run` prints what would be written and run. Before
+starting, it asks whether the profile's weights are fetched (`launch fetch --check`) and says so
+when they are not: the server would spend its health check's start period downloading them.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import shutil
 
 from launch.commands.common import add_profile_arguments
 from launch.commands.configure_cmd import add_replica_arguments, configure, show, write
-from launch.docker_api import connect, local_image_id
+from launch.commands.fetch_cmd import warn_if_missing
+from launch.docker_api import require_local_image
 from launch.errors import ProfileError
 from launch.image_lock import COMPOSE_DIR, is_local_id
 from launch.kv_offload import read_host_memory
@@ -38,18 +41,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
-def check_local_image(image_id: str) -> None:
-    """A locally pinned image must still be on this engine: compose would otherwise try to pull
-    the bare ID from Docker Hub and fail with a registry error."""
-    client = connect("pin a pushed image by digest instead (`make pin IMAGE=repo:tag`)")
-    if local_image_id(client, image_id) is None:
-        raise ProfileError(
-            "IMAGE", image_id, "is pinned as a local image ID, and this Docker engine has no such "
-            "image (removed, or built on another machine)",
-            "build it again and `make pin IMAGE=<tag> LOCAL=1`, or push it and pin the digest",
-        )  # fmt: skip
-
-
 def run(args: argparse.Namespace) -> int:
     result = configure(args, os.environ)
     check_host_memory(result.plan.profile, read_host_memory())
@@ -65,8 +56,10 @@ def run(args: argparse.Namespace) -> int:
             "docker", None, "is not on PATH", "install Docker with the compose plugin"
         )
     if is_local_id(result.values["IMAGE"]):
-        check_local_image(result.values["IMAGE"])
+        require_local_image(result.values["IMAGE"])
     write(result)
+    if not args.config:
+        warn_if_missing(result)
     os.chdir(COMPOSE_DIR)
     os.execv(docker, argv)
     return 0  # pragma: no cover - execv does not return

@@ -38,6 +38,7 @@ from launch.compose_env import ENV_PATH  # noqa: E402
 from launch.image_lock import COMPOSE_DIR, LOCK_PATH, read_lock  # noqa: E402
 from launch.loader import load  # noqa: E402
 from tests.bench_client import VLLM_BENCH  # noqa: E402
+from tests.hub_standin import HubRepo, HubStandin  # noqa: E402
 
 PROFILE = "cpu-tiny"
 PROJECT = "glm53"
@@ -58,6 +59,11 @@ DECODE_PROMPTS = DECODE_CONCURRENCY * 6
 PREFILL_TOKENS = 2048
 PREFILL_RUNS = 3
 REUSE_TOKENS = 1024
+HF_CACHE_VOLUME = "glm53-e2e-hf-cache"
+"""The weights volume of the run (compose's HF_CACHE_VOLUME), so a machine's own weights volume
+is neither read nor removed by `down --volumes`."""
+HUB_REPO = "kit-e2e/tiny-weights"
+HUB_COMMIT = "5d1f0c8a2b7e4f9061c3d2a8b5e7f1029384abcd"
 
 
 class StepFailed(Exception):
@@ -390,6 +396,38 @@ def step_bench(run: Run) -> str:
     return f"receipt {receipt_path.name}; {shown}"
 
 
+def step_fetch(run: Run) -> str:
+    """`launch fetch` (what `make fetch` runs) through compose's fetch service: the image's own
+    huggingface_hub downloads into the weights volume from a stand-in Hub on this host (the Hub
+    is not reachable here) at the container network's gateway address, then verifies."""
+    files = {"config.json": b'{"model_type": "llama"}\n',
+             "model.safetensors": bytes(range(256)) * 48_000}  # fmt: skip
+    hub = HubStandin({HUB_REPO: HubRepo(HUB_REPO, HUB_COMMIT, files)})
+    server, url = hub.serve(host="0.0.0.0")
+    gateway = run.sh(["docker", "network", "inspect", "bridge", "--format",
+                      "{{(index .IPAM.Config 0).Gateway}}"]).stdout.strip()  # fmt: skip
+    env = {"HF_ENDPOINT": f"http://{gateway}:{url.rsplit(':', 1)[1]}"}
+    sets = ["--set", f"engine.model={HUB_REPO}", "--set", f"engine.revision={HUB_COMMIT}"]
+    fetch = [sys.executable, "-m", "launch", "fetch", PROFILE, *sets]
+    try:
+        before = run.sh([*fetch, "--check"], env=env, check=False)
+        if before.returncode != 1 or "has not been fetched" not in before.stdout:
+            raise StepFailed(f"check before fetching: exit {before.returncode}, {before.stdout!r}")
+        done = run.sh(fetch, env=env, timeout=600)
+        if f"{HUB_REPO}@{HUB_COMMIT}: 2 files" not in done.stdout:
+            raise StepFailed(f"no verification line: {done.stdout[-300:]!r}")
+        after = run.sh([*fetch, "--check"], env=env)
+        again = run.sh(fetch, env=env, timeout=600)
+    finally:
+        server.shutdown()
+    gets = len(hub.gets("model.safetensors"))
+    if gets != 1:
+        raise StepFailed(f"model.safetensors fetched {gets} times; a second run must reuse it")
+    return (f"downloaded into volume {HF_CACHE_VOLUME} and verified; check before: not fetched, "
+            f"after: {after.stdout.strip().splitlines()[-1][:80]}; a second run "
+            f"{'downloads nothing' if again.returncode == 0 else 'failed'}")  # fmt: skip
+
+
 def receipt_decode(path: Path) -> tuple[float, float | None]:
     """(kit tok/s, server counter tok/s) of the decode cell of a receipt."""
     sample = json.loads(path.read_text())["cells"][f"decode-c{DECODE_CONCURRENCY}"]["samples"][0]
@@ -527,6 +565,7 @@ STEPS: tuple[tuple[str, Callable[[Run], str], tuple[str, ...]], ...] = (
         step_bench,
         ("healthcheck turns healthy",),
     ),
+    ("make fetch: weights into the cache volume, verified", step_fetch, ("make pin",)),
     ("two replicas behind vllm-router", step_replicas, ("make pin",)),
     ("server killed during the smoke wait", step_killed_mid_check, ("make pin",)),
     ("KV cache that cannot fit ends the wait", step_kv_does_not_fit, ("make pin",)),
@@ -538,7 +577,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="kit-e2e-"))
     lock = work / "images.lock"
     shutil.copy2(LOCK_PATH, lock)
-    env = {**os.environ, "KIT_IMAGES_LOCK": str(lock)}
+    env = {**os.environ, "KIT_IMAGES_LOCK": str(lock), "HF_CACHE_VOLUME": HF_CACHE_VOLUME}
     for name in ("IMAGE", "PROFILE", "COMPOSE_FILE"):
         env.pop(name, None)
     saved_env = work / "user.env"

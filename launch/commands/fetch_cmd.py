@@ -1,0 +1,109 @@
+"""`python -m launch fetch PROFILE`: the profile's weights into the cache volume, before `up`.
+
+The profile is validated and compose/.env written as `launch configure` does (bad input exits 2
+before Docker is touched); then compose's `fetch` service, the profile's own image with the
+`glm53-hf-cache` volume, runs `python -m launch.weights download` for the model and the draft
+at their pinned revisions. `--check` asks the same service whether they are there and verified
+(what `launch up` asks first); `--dry-run` prints the command only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+
+from launch.commands.common import add_profile_arguments
+from launch.commands.configure_cmd import Configured, configure, plan_for_compose, write
+from launch.docker_api import require_local_image
+from launch.errors import ProfileError
+from launch.image_lock import COMPOSE_DIR, is_local_id
+from launch.weights import MISSING_EXIT, WeightRepo, weight_repos
+
+NAME = "fetch"
+SERVICE = "fetch"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(NAME, help="download a profile's weights into the cache volume")
+    add_profile_arguments(parser)
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="only report whether the weights are fetched and verified (exit 1 if not)",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print the compose command only")
+    # `configure` reads these; a fetch never starts replicas
+    parser.set_defaults(gpu_sets=None, replicas=None)
+    return parser
+
+
+def weights_argv(action: str, repos: list[WeightRepo]) -> list[str]:
+    """`docker compose run` of the fetch service for `repos` (-T: no TTY for a check, so its
+    output can be read; a download keeps the TTY for huggingface_hub's progress bars)."""
+    tty = ["-T"] if action == "check" else []
+    return ["docker", "compose", "run", "--rm", *tty, SERVICE, action, *(r.spec for r in repos)]
+
+
+def docker_path() -> str:
+    docker = shutil.which("docker")
+    if docker is None:
+        raise ProfileError(
+            "docker", None, "is not on PATH", "install Docker with the compose plugin"
+        )
+    return docker
+
+
+def missing_weights(result: Configured, repos: list[WeightRepo]) -> str | None:
+    """What the fetch service's check reports missing (None when all are verified). compose/.env
+    must already hold `result`. A check that cannot run is reported, never taken as present."""
+    argv = weights_argv("check", repos)
+    argv[0] = docker_path()
+    done = subprocess.run(argv, cwd=COMPOSE_DIR, capture_output=True, text=True, check=False)
+    if done.returncode == 0:
+        return None
+    if done.returncode == MISSING_EXIT:
+        return done.stdout.strip()
+    tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-2:])
+    return f"the weights check could not run (exit {done.returncode}): {tail}"
+
+
+def warn_if_missing(result: Configured) -> None:
+    """`launch up`'s question before compose starts: a start that has to download the weights
+    spends the health check's start period doing it."""
+    repos = weight_repos(result.plan.profile)
+    if not repos:
+        return
+    missing = missing_weights(result, repos)
+    if missing is not None:
+        name = result.plan.profile.name
+        print(f"warning: {missing}\nwarning: the server will download them itself, inside the "
+              f"health check's start period; `make fetch PROFILE={name}` first avoids that",
+              file=sys.stderr, flush=True)  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = plan_for_compose(args, os.environ)
+    repos = weight_repos(plan.profile)
+    if not repos:
+        print(f"profile {plan.profile.name} serves {plan.profile.engine.model}, a directory in "
+              "its image: nothing to fetch")  # fmt: skip
+        return 0
+    result = configure(args, os.environ, plan)
+    action = "check" if args.check else "download"
+    argv = weights_argv(action, repos)
+    print(f"cd {shlex.quote(str(COMPOSE_DIR))} && {shlex.join(argv)}", flush=True)
+    if args.dry_run:
+        return 0
+    argv[0] = docker_path()
+    if is_local_id(result.values["IMAGE"]):
+        require_local_image(result.values["IMAGE"])
+    write(result)
+    if args.check:
+        missing = missing_weights(result, repos)
+        print(missing or f"fetched and verified: {', '.join(r.spec for r in repos)}")
+        return MISSING_EXIT if missing else 0
+    return subprocess.run(argv, cwd=COMPOSE_DIR, check=False).returncode

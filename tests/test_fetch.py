@@ -1,0 +1,198 @@
+"""`make fetch`: the profile's Hub repositories, downloaded at their pinned revisions, verified
+against the Hub's tree, resumed, and checked before `make up`.
+
+`python -m launch.weights` runs as it runs in the fetch container (a process with HF_HOME and
+HF_ENDPOINT set) against tests/hub_standin.py, a stand-in for the Hub (not reachable here) that
+huggingface_hub 2.4 downloads from with its real code: tree listing, HEAD metadata, range resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from launch.loader import load
+from launch.weights import WeightRepo, check, parse_spec, record_path, weight_repos
+from tests.hub_standin import HubRepo, HubStandin, flipped
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+COMMIT = "520de24eabf507659eaef7c70f14fd584527facc"
+REPO_ID = "kit-test/GLM-tiny"
+WEIGHTS = bytes(range(256)) * 100_000
+"""25.6 MB: huggingface_hub writes in 10 MiB chunks, so a cut after 15 MB leaves one on disk."""
+CUT_AT = 15_000_000
+CONFIG = b'{"architectures": ["Glm5NextForConditionalGeneration"]}\n'
+
+
+@pytest.fixture
+def hub() -> Iterator[tuple[HubStandin, str]]:
+    files = {"config.json": CONFIG, "model.safetensors": WEIGHTS, "sub/tokenizer.json": b"{}"}
+    standin = HubStandin({REPO_ID: HubRepo(REPO_ID, COMMIT, files)})
+    server, url = standin.serve()
+    yield standin, url
+    server.shutdown()
+
+
+def weights(url: str, home: Path, *args: str, token: str | None = None):
+    env = {**os.environ, "HF_HOME": str(home), "HF_ENDPOINT": url,
+           "HF_HUB_DISABLE_XET": "1", "PYTHONPATH": str(REPO_ROOT)}  # fmt: skip
+    env.pop("HF_TOKEN", None)
+    env.pop("HF_HUB_OFFLINE", None)
+    if token:
+        env["HF_TOKEN"] = token
+    return subprocess.run([sys.executable, "-m", "launch.weights", *args], env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+def spec(revision: str = COMMIT) -> str:
+    return f"model={REPO_ID}@{revision}"
+
+
+def snapshot_file(home: Path, name: str) -> Path:
+    return home / "hub" / "models--kit-test--GLM-tiny" / "snapshots" / COMMIT / name
+
+
+def test_the_profiles_name_their_model_and_draft_at_the_pinned_commits() -> None:
+    dflash = load("dflash-tp4-dcp4").profile
+    assert weight_repos(dflash) == [
+        WeightRepo("model", dflash.engine.model, dflash.engine.revision),
+        WeightRepo("draft", dflash.engine.speculative_config.model,
+                   dflash.engine.speculative_config.revision),
+    ]  # fmt: skip
+    mtp = load("mtp3-tp4-split").profile
+    assert [r.role for r in weight_repos(mtp)] == ["model"]  # MTP heads live in the model
+    assert weight_repos(load("cpu-tiny").profile) == []  # a directory in the image
+
+
+def test_a_spec_that_is_not_role_repo_at_revision_is_refused() -> None:
+    assert parse_spec(spec()) == WeightRepo("model", REPO_ID, COMMIT)
+    for bad in (f"{REPO_ID}@{COMMIT}", f"target={REPO_ID}@{COMMIT}", "model=GLM@abc"):
+        with pytest.raises(Exception, match="ROLE=ORG/NAME@REVISION"):
+            parse_spec(bad)
+
+
+def test_download_verifies_every_file_and_records_it(hub, tmp_path: Path) -> None:
+    standin, url = hub
+    done = weights(url, tmp_path, "download", spec())
+    assert done.returncode == 0, done.stderr
+    assert "3 files" in done.stdout and "verified" in done.stdout
+    assert snapshot_file(tmp_path, "model.safetensors").read_bytes() == WEIGHTS
+    record = json.loads(record_path(tmp_path, parse_spec(spec())).read_text())
+    assert record["commit"] == COMMIT
+    assert record["files"] == {"config.json": len(CONFIG), "model.safetensors": len(WEIGHTS),
+                               "sub/tokenizer.json": 2}  # fmt: skip
+    assert weights(url, tmp_path, "check", spec()).returncode == 0
+    # a second run downloads nothing again
+    before = len(standin.gets("model.safetensors"))
+    assert weights(url, tmp_path, "download", spec()).returncode == 0
+    assert len(standin.gets("model.safetensors")) == before == 1
+
+
+def test_a_cut_transfer_resumes_with_a_range_request(hub, tmp_path: Path) -> None:
+    standin, url = hub
+    standin.cut_once["model.safetensors"] = CUT_AT
+    done = weights(url, tmp_path, "download", spec())
+    assert done.returncode == 0, done.stderr
+    ranges = standin.gets("model.safetensors")
+    assert ranges[0] == "" and len(ranges) == 2
+    resumed_at = int(ranges[1].removeprefix("bytes=").rstrip("-"))
+    assert 0 < resumed_at <= CUT_AT
+    data = snapshot_file(tmp_path, "model.safetensors").read_bytes()
+    assert hashlib.sha256(data).digest() == hashlib.sha256(WEIGHTS).digest()
+
+
+def test_a_failed_run_keeps_finished_files_and_the_next_run_completes(hub, tmp_path: Path) -> None:
+    standin, url = hub
+    standin.broken.add("model.safetensors")
+    failed = weights(url, tmp_path, "download", spec())
+    assert failed.returncode == 1
+    assert "run `make fetch` again" in failed.stderr
+    assert snapshot_file(tmp_path, "config.json").read_bytes() == CONFIG
+    missing = weights(url, tmp_path, "check", spec())
+    assert missing.returncode == 1 and "has not been fetched" in missing.stdout
+    standin.broken.clear()
+    assert weights(url, tmp_path, "download", spec()).returncode == 0
+    assert len(standin.gets("config.json")) == 1  # not fetched again
+    assert weights(url, tmp_path, "check", spec()).returncode == 0
+
+
+def test_bytes_that_do_not_match_the_hub_are_named_and_removed(hub, tmp_path: Path) -> None:
+    standin, url = hub
+    standin.corrupt.add("model.safetensors")
+    bad = weights(url, tmp_path, "download", spec())
+    assert bad.returncode == 1
+    served = hashlib.sha256(flipped(WEIGHTS)).hexdigest()
+    assert f"model.safetensors has sha256 {served}, the Hub says" in bad.stderr
+    assert hashlib.sha256(WEIGHTS).hexdigest() in bad.stderr
+    assert not snapshot_file(tmp_path, "model.safetensors").exists()
+    assert not record_path(tmp_path, parse_spec(spec())).exists()
+    standin.corrupt.clear()
+    assert weights(url, tmp_path, "download", spec()).returncode == 0
+
+
+def test_a_revision_the_hub_does_not_have_exits_2_naming_the_field(hub, tmp_path: Path) -> None:
+    _, url = hub
+    other = "0" * 40
+    done = weights(url, tmp_path, "download", spec(other))
+    assert done.returncode == 2
+    assert f"engine.revision='{other}': the Hub has no such revision in {REPO_ID}" in done.stderr
+    assert "MODEL_REVISION" in done.stderr
+    draft = weights(url, tmp_path, "download", f"draft={REPO_ID}@{other}")
+    assert "engine.speculative_config.revision" in draft.stderr
+    assert "DFLASH_MODEL_REVISION" in draft.stderr
+
+
+def test_a_gated_repository_asks_for_hf_token(hub, tmp_path: Path) -> None:
+    standin, url = hub
+    standin.repos[REPO_ID].gated = True
+    refused = weights(url, tmp_path, "download", spec())
+    assert refused.returncode == 2 and "HF_TOKEN" in refused.stderr
+    assert weights(url, tmp_path, "download", spec(), token="hf_test").returncode == 0
+
+
+def test_check_notices_a_file_removed_after_verification(hub, tmp_path: Path) -> None:
+    _, url = hub
+    assert weights(url, tmp_path, "download", spec()).returncode == 0
+    snapshot_file(tmp_path, "sub/tokenizer.json").unlink()
+    assert check(parse_spec(spec()), tmp_path) == (
+        f"{REPO_ID}@{COMMIT}: sub/tokenizer.json is missing or changed since it was verified"
+    )
+
+
+def launch(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k not in ("PROFILE", "MODEL_REVISION")}
+    return subprocess.run([sys.executable, "-m", "launch", *args], cwd=REPO_ROOT,
+                          env={**base, **(env or {})}, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+
+
+def test_make_fetch_runs_the_fetch_service_with_the_profile_repositories() -> None:
+    done = launch("fetch", "dflash-tp4-dcp4", "--dry-run")
+    assert done.returncode == 0, done.stderr
+    p = load("dflash-tp4-dcp4").profile
+    spec_ = p.engine.speculative_config
+    assert done.stdout.strip().endswith(
+        "docker compose run --rm fetch download "
+        f"model={p.engine.model}@{p.engine.revision} draft={spec_.model}@{spec_.revision}"
+    )
+    check_cmd = launch("fetch", "dflash-tp4-dcp4", "--check", "--dry-run")
+    assert "docker compose run --rm -T fetch check model=" in check_cmd.stdout
+
+
+def test_make_fetch_refuses_bad_input_before_docker() -> None:
+    done = launch("fetch", "dflash-tp4-dcp4", env={"MODEL_REVISION": "main"})
+    assert done.returncode == 2
+    assert "engine.revision='main'" in done.stderr and "docker compose" not in done.stdout
+
+
+def test_a_profile_serving_a_directory_has_nothing_to_fetch() -> None:
+    done = launch("fetch", "cpu-tiny")
+    assert done.returncode == 0
+    assert "a directory in its image: nothing to fetch" in done.stdout
