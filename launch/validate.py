@@ -293,12 +293,16 @@ def check_split_pages(p: Profile) -> None:
         split.mamba_block_size,
         "set VLLM_GLM53_SPLIT_MAMBA_BLOCK_SIZE, e.g. 512",
     )
-    if split.mamba_block_size % split.target_block_size:
+    if split.mamba_block_size != split.target_block_size:
+        # vLLM's align-mode scheduler splits chunks at one block size (cache_config.block_size)
+        # while the recurrent manager checkpoints at its own: unequal sizes can resume recurrent
+        # state from the wrong checkpoint on a prefix-cache hit (vLLM issue #54076).
         raise ProfileError(
             "features.split_pages.mamba_block_size",
             split.mamba_block_size,
-            f"must be a positive multiple of the target block ({split.target_block_size})",
-            f"use {split.target_block_size} or a multiple such as {2 * split.target_block_size}",
+            f"must equal the target block ({split.target_block_size}): the scheduler's "
+            "align-mode split uses one block size for both",
+            f"set VLLM_GLM53_SPLIT_MAMBA_BLOCK_SIZE={split.target_block_size}",
         )
     if p.architecture != GLM53_ARCHITECTURE:
         raise ProfileError(

@@ -82,6 +82,15 @@ GEOMETRY_GROUP = re.compile(
     r"group=(?P<role>\w+)/(?P<kind>\w+)/block=(?P<block>\d+)/cp=(?P<cp>\d+)"
     r"/layers=(?P<layers>\d+)/page_bytes=(?P<page>\d+)"
 )
+# GLM-5.3 split cache pages, in the wording of the runtime seed 004 was qualified on (its
+# platform interface and KV cache utils); the kit's patch 0002 logs the first line the same way.
+SPLIT_PAGES = re.compile(
+    r"Using split GLM-5\.3 cache pages: target block size (?P<target>\d+) tokens, "
+    r"recurrent-state block size (?P<recurrent>\d+) tokens"
+)
+SPLIT_GROUPS = re.compile(
+    r"Keeping split GLM-5\.3 cache groups with physical page sizes \[(?P<pages>[\d, ]*)\]"
+)
 GPU_NAME = re.compile(
     r"(?P<name>NVIDIA (?:RTX|GeForce|Quadro|Tesla|[ABHL]\d|GB\d)[^,;:()'\"\]\[]{0,60})"
 )
@@ -167,6 +176,7 @@ class StartFacts:
     block_size_changes: list[dict[str, Any]] = field(default_factory=list)
     spec_decode: dict[str, Any] | None = None
     kv_geometry: dict[str, Any] | None = None
+    split_pages: dict[str, Any] | None = None
     kv_offload: dict[str, Any] | None = None
     gpu_names: list[str] = field(default_factory=list)
     failed: bool = False
@@ -218,6 +228,7 @@ class ServiceState:
             "block_size_changes": [dict(b) for b in c.block_size_changes],
             "spec_decode": c.spec_decode,
             "kv_geometry": c.kv_geometry,
+            "split_pages": None if c.split_pages is None else dict(c.split_pages),
             "kv_offload": None if c.kv_offload is None else dict(c.kv_offload),
             "gpu_names": list(c.gpu_names),
             "starts": self.starts,
@@ -365,11 +376,26 @@ class LogParser:
                 c.gpu_names.append(name)
         if m := GEOMETRY.search(msg):
             c.kv_geometry = parse_geometry(m)
+        self._split_pages(c, msg)
         self._offload(c, msg)
         if FAILED.search(msg):
             self._fail(state)
         elif (exc := EXCEPTION.match(msg)) and not msg.startswith("Traceback"):
             self._error(state, exc.group("s"))
+
+    @staticmethod
+    def _split_pages(c: StartFacts, msg: str) -> None:
+        """The block sizes (each rank logs them) and the physical page sizes of split pages."""
+        facts = c.split_pages or {"target_block_size": None, "recurrent_block_size": None,
+                                  "physical_page_bytes": None}  # fmt: skip
+        if m := SPLIT_PAGES.search(msg):
+            facts["target_block_size"] = int(m.group("target"))
+            facts["recurrent_block_size"] = int(m.group("recurrent"))
+        elif m := SPLIT_GROUPS.search(msg):
+            facts["physical_page_bytes"] = [int(n) for n in re.findall(r"\d+", m.group("pages"))]
+        else:
+            return
+        c.split_pages = facts
 
     @staticmethod
     def _offload(c: StartFacts, msg: str) -> None:

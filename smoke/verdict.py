@@ -86,6 +86,7 @@ def geometry_checks(profile: Profile, facts: dict[str, Any]) -> list[Check]:
     ):
         if want:
             checks.append(_check(name, want, got, got == want))
+    checks += split_page_checks(profile, facts)
     if e.cudagraph_mode is not None:
         seen = facts.get("cudagraph_mode_resolved")
         checks.append(
@@ -118,6 +119,25 @@ def geometry_checks(profile: Profile, facts: dict[str, Any]) -> list[Check]:
             )
         )
     return checks
+
+
+def split_page_checks(profile: Profile, facts: dict[str, Any]) -> list[Check]:
+    """`features.split_pages` against the split-page line both images log (the qualified
+    runtime's wording, which patch 0002 logs too): the sizes the platform kept."""
+    split = profile.features.split_pages
+    if split is None:
+        return []
+    want = (split.target_block_size, split.mamba_block_size)
+    seen = facts.get("split_pages") or {}
+    got = (seen.get("target_block_size"), seen.get("recurrent_block_size"))
+    return [
+        _check(
+            "log: split cache pages",
+            f"target {want[0]} / recurrent-state {want[1]} tokens",
+            None if got[0] is None else f"target {got[0]} / recurrent-state {got[1]} tokens",
+            got == want,
+        )
+    ]
 
 
 def offload_checks(profile: Profile, facts: dict[str, Any]) -> list[Check]:

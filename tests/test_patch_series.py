@@ -12,7 +12,13 @@ import pytest
 from tests.conftest import REPO
 
 APPLY = REPO / "patches" / "apply_series.py"
-FILES = ("_version.py", "__init__.py", "v1/core/kv_cache_planning.py", "platforms/interface.py")
+FILES = (
+    "_version.py",
+    "__init__.py",
+    "envs.py",
+    "v1/core/kv_cache_planning.py",
+    "platforms/interface.py",
+)
 
 
 @pytest.fixture
@@ -38,24 +44,23 @@ def test_series_applies_in_order_and_leaves_its_markers(pristine_tree):
     result = apply("--vllm-root", str(pristine_tree))
     assert result.returncode == 0, result.stderr
     assert [line.split(":")[0] for line in result.stdout.splitlines()] == [
-        "applied 0001-replicated-draft-page-alignment.patch",
         "applied 0002-glm53-split-target-recurrent-pages.patch",
         "applied 0003-kv-cache-geometry-report.patch",
     ]
     check = apply("--vllm-root", str(pristine_tree), "--check")
-    assert check.returncode == 0 and check.stdout.count("present ") == 3
+    assert check.returncode == 0 and check.stdout.count("present ") == 2
 
 
 def test_changed_base_names_the_patch_and_the_expected_version(pristine_tree):
-    planning = pristine_tree / "v1/core/kv_cache_planning.py"
-    text = planning.read_text()
-    marker = "        # Block-outermost blocks are strided by the widest group, so hidden\n"
-    assert marker in text
-    planning.write_text(text.replace(marker, "        # changed upstream\n"))
+    interface = pristine_tree / "platforms/interface.py"
+    text = interface.read_text()
+    context = "vllm_config.parallel_config\n\n        if cache_config.cache_dtype"
+    assert text.count(context) == 1
+    interface.write_text(text.replace(context, context.replace("\n\n", "\n        # changed\n")))
     result = apply("--vllm-root", str(pristine_tree))
     assert result.returncode == 1
     assert result.stderr.startswith(
-        f"error: 0001-replicated-draft-page-alignment.patch does not apply to the vLLM at "
+        f"error: 0002-glm53-split-target-recurrent-pages.patch does not apply to the vLLM at "
         f"{pristine_tree} (found vllm 0.33.0; the series is written against vllm==0.33.0)"
     )
     assert "\\n" not in result.stderr.splitlines()[0]
@@ -64,9 +69,18 @@ def test_changed_base_names_the_patch_and_the_expected_version(pristine_tree):
 def test_check_on_an_unpatched_tree_fails(pristine_tree):
     result = apply("--vllm-root", str(pristine_tree), "--check")
     assert result.returncode == 1
-    assert "0001-replicated-draft-page-alignment.patch is not applied" in result.stderr
+    assert "0002-glm53-split-target-recurrent-pages.patch is not applied" in result.stderr
 
 
 def test_bad_usage_exits_2(tmp_path):
     assert apply().returncode == 2
     assert apply("--vllm-root", str(tmp_path)).returncode == 2
+
+
+def test_pristine_vllm_refuses_the_split_variables_under_hard_fail(monkeypatch):
+    """What patch 0002's registration in envs.py changes (the patched side is in tests/planner)."""
+    from vllm.platforms.interface import Platform
+
+    monkeypatch.setenv("VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE", "512")
+    with pytest.raises(ValueError, match=r"^Unknown vLLM environment variable detected: VLLM_"):
+        Platform.validate_environ(hard_fail=True)

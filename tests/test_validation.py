@@ -46,9 +46,9 @@ BAD_INPUTS = [
     ("dflash-tp4-dcp4", {"NUM_SPECULATIVE_TOKENS": "9000"}, [], "more than max_num_batched_tokens"),
     (
         "mtp3-tp4-split",
-        {"VLLM_GLM53_SPLIT_MAMBA_BLOCK_SIZE": "768"},
+        {"VLLM_GLM53_SPLIT_MAMBA_BLOCK_SIZE": "2048"},
         [],
-        "must be a positive multiple of the target block (512)",
+        "must equal the target block (512): the scheduler's align-mode split",
     ),
     (
         "mtp3-tp4-split",
@@ -153,13 +153,16 @@ def test_at_least_fifteen_distinct_bad_inputs():
 
 
 def test_missing_capability_refuses_unless_fallback_named(tmp_path):
-    """The installed upstream vLLM 0.33.0 lacks the fork's knobs: refuse, then run unqualified."""
+    """The installed upstream vLLM 0.33.0 lacks the fork's knobs: refuse, then run unqualified.
+    At DCP 1: under DCP the draft's replication is missing too, which no fallback waives
+    (tests/test_draft_replication.py)."""
     from launch.capabilities import find_vllm
 
     install = find_vllm()
     assert install is not None and install.version == "0.33.0"
     upstream = install.root
-    refused = run_launch(tmp_path, ["run", "dflash-tp4-dcp4", "--vllm-root", str(upstream)], {})
+    dcp1 = {"DCP": "1", "CP_KV_CACHE_INTERLEAVE_SIZE": "1"}
+    refused = run_launch(tmp_path, ["run", "dflash-tp4-dcp4", "--vllm-root", str(upstream)], dcp1)
     assert refused.returncode == 2
     # every missing capability in one message, fallbacks named as the knobs' own fields
     errors = [line for line in refused.stderr.splitlines() if line.startswith("error: ")]
@@ -171,7 +174,7 @@ def test_missing_capability_refuses_unless_fallback_named(tmp_path):
     assert f"FALLBACKS={','.join(UPSTREAM_FALLBACKS)} (" in errors[0]
     assert not (tmp_path / "started").exists()
     one_left = run_launch(tmp_path, ["run", "dflash-tp4-dcp4", "--vllm-root", str(upstream)],
-                          {"FALLBACKS": "b12x_pcie_allreduce,dcp_ckv_gather"})  # fmt: skip
+                          {**dcp1, "FALLBACKS": "b12x_pcie_allreduce,dcp_ckv_gather"})  # fmt: skip
     assert one_left.returncode == 2
     assert "error: engine.additional_config.glm53_kda_decode_backend='\"auto\"'" in (
         one_left.stderr
@@ -180,7 +183,7 @@ def test_missing_capability_refuses_unless_fallback_named(tmp_path):
     allowed = run_launch(
         tmp_path,
         ["run", "dflash-tp4-dcp4", "--vllm-root", str(upstream)],
-        {"FALLBACKS": ",".join(UPSTREAM_FALLBACKS)},
+        {**dcp1, "FALLBACKS": ",".join(UPSTREAM_FALLBACKS)},
     )
     assert allowed.returncode == 0, allowed.stderr
     assert "UNQUALIFIED: features.b12x_pcie_allreduce=true dropped" in allowed.stderr

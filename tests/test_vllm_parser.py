@@ -50,7 +50,8 @@ VARIANTS = [
             "CUDAGRAPH_MODE": "FULL_AND_PIECEWISE",
         },
     ),
-    ("mtp3-tp4-split", {"MAX_MODEL_LEN": "131072", "VLLM_GLM53_SPLIT_MAMBA_BLOCK_SIZE": "2048"}),
+    ("mtp3-tp4-split", {"MAX_MODEL_LEN": "131072", "VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE": "1024",
+                        "VLLM_GLM53_SPLIT_MAMBA_BLOCK_SIZE": "1024"}),
 ]
 
 

@@ -14,11 +14,14 @@ Everything it starts is stopped at the end (`docker compose down --volumes`).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import secrets
 import shutil
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -59,6 +62,8 @@ DECODE_PROMPTS = DECODE_CONCURRENCY * 6
 PREFILL_TOKENS = 2048
 PREFILL_RUNS = 3
 REUSE_TOKENS = 1024
+SIOCGIFADDR = 0x8915
+"""The ioctl that reads an interface's IPv4 address (linux/sockios.h)."""
 HF_CACHE_VOLUME = "glm53-e2e-hf-cache"
 """The weights volume of the run (compose's HF_CACHE_VOLUME), so a machine's own weights volume
 is neither read nor removed by `down --volumes`."""
@@ -396,6 +401,19 @@ def step_bench(run: Run) -> str:
     return f"receipt {receipt_path.name}; {shown}"
 
 
+def host_address_for_containers(run: Run) -> str:
+    """This host's address on Docker's default bridge (docker0), which containers on any
+    bridge network reach; the engine reports it as the bridge gateway when it records one."""
+    inspect = ["docker", "network", "inspect", "bridge", "--format"]
+    gateway = run.sh([*inspect, "{{range .IPAM.Config}}{{.Gateway}}{{end}}"]).stdout.strip()
+    if gateway:
+        return gateway
+    bridge = run.sh([*inspect, '{{index .Options "com.docker.network.bridge.name"}}']).stdout
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("256s", bridge.strip()[:15].encode())
+        return socket.inet_ntoa(fcntl.ioctl(sock.fileno(), SIOCGIFADDR, request)[20:24])
+
+
 def step_fetch(run: Run) -> str:
     """`launch fetch` (what `make fetch` runs) through compose's fetch service: the image's own
     huggingface_hub downloads into the weights volume from a stand-in Hub on this host (the Hub
@@ -404,9 +422,7 @@ def step_fetch(run: Run) -> str:
              "model.safetensors": bytes(range(256)) * 48_000}  # fmt: skip
     hub = HubStandin({HUB_REPO: HubRepo(HUB_REPO, HUB_COMMIT, files)})
     server, url = hub.serve(host="0.0.0.0")
-    gateway = run.sh(["docker", "network", "inspect", "bridge", "--format",
-                      "{{(index .IPAM.Config 0).Gateway}}"]).stdout.strip()  # fmt: skip
-    env = {"HF_ENDPOINT": f"http://{gateway}:{url.rsplit(':', 1)[1]}"}
+    env = {"HF_ENDPOINT": f"http://{host_address_for_containers(run)}:{url.rsplit(':', 1)[1]}"}
     sets = ["--set", f"engine.model={HUB_REPO}", "--set", f"engine.revision={HUB_COMMIT}"]
     fetch = [sys.executable, "-m", "launch", "fetch", PROFILE, *sets]
     try:

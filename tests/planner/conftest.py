@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-import vllm.v1.core.kv_cache_planning as planning
+import vllm.platforms.interface as interface
 
-if not hasattr(planning, "_align_replicated_window_groups"):
+if not hasattr(interface, "glm53_split_block_sizes"):
     pytest.exit(
-        f"tests/planner needs the patched vLLM; imported {planning.__file__}. "
+        f"tests/planner needs the patched vLLM; imported {interface.__file__}. "
         "Run `make test` (it builds .venv/vllm-patched and sets PYTHONPATH).",
         returncode=3,
     )

@@ -1,11 +1,8 @@
-"""Run vLLM's real planner functions on seed-shaped specs, patched or as shipped."""
+"""Run vLLM's real planner functions on seed-shaped specs (the patched copy)."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
-from unittest import mock
 
 import vllm.v1.core.kv_cache_planning as planning
 from vllm.config import VllmConfig
@@ -13,17 +10,6 @@ from vllm.v1.core.kv_cache_utils import get_kv_cache_capacity, resolve_kv_cache_
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, KVCacheSpec
 
 from tests.planner.seed_shapes import TWELVE_GIB
-
-
-@contextlib.contextmanager
-def pristine_planner() -> Iterator[None]:
-    """vLLM 0.33.0's planner as shipped: the series only inserts these two calls into
-    `get_kv_cache_groups`, so making them the identity restores the pristine path."""
-    with (
-        mock.patch.object(planning, "_align_replicated_window_groups", lambda c, g: g),
-        mock.patch.object(planning, "_align_glm53_index_pages", lambda c, g: g),
-    ):
-        yield
 
 
 @dataclass(frozen=True)

@@ -1,22 +1,24 @@
-"""Patch 0002 on the real planner and platform: opt-in split pages, C4 stride only for GLM-5.3."""
+"""Patch 0002 on vLLM's real platform, planner and environment registry: opt-in split pages,
+registered variables, refusals instead of silent replacements, the runtime's own log line.
+
+The page shapes are hand-written (tests/planner/seed_shapes.py says how they differ from what
+vLLM builds); the backends are vLLM's own classes.
+"""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from vllm.platforms.interface import Platform, glm53_split_block_sizes
+from vllm.v1.attention.backends.mla.flashmla_sparse import FlashMLASparseBackend
 
-from tests.planner.planning import plan, pristine_planner
-from tests.planner.seed_shapes import (
-    draft_full,
-    mla,
-    mtp_split_seed,
-    recurrent,
-    vllm_config,
-)
+from smoke.logparse import parse_lines
+from tests.planner.planning import plan
+from tests.planner.seed_shapes import mla, mtp_split_seed, recurrent, vllm_config
 
 TARGET = "VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE"
 MAMBA = "VLLM_GLM53_SPLIT_MAMBA_BLOCK_SIZE"
-C4_UNIT = 64 * 132
 
 
 @pytest.fixture
@@ -25,11 +27,10 @@ def split_512(monkeypatch):
     monkeypatch.setenv(MAMBA, "512")
 
 
-def one_mla_three_recurrent(speculator: str) -> dict:
-    """A cache whose widest group is a recurrent page, not a whole number of C4 units."""
+def one_mla_three_recurrent() -> dict:
     specs = {"model.layers.3.self_attn": mla(512, dcp_sharded=False)}
     for i in range(3):
-        specs[f"model.layers.{i}.linear_attn"] = recurrent(512, speculator)
+        specs[f"model.layers.{i}.linear_attn"] = recurrent(512, "mtp")
     return specs
 
 
@@ -42,45 +43,35 @@ def test_seed_004_pages_are_preserved(split_512):
     }
     assert pages == {"MLAAttentionSpec": 287_232, "MambaSpec": 1_122_304}
     assert {g.kv_cache_spec.block_size for g in result.groups} == {512}
-    assert 34 * C4_UNIT == 287_232
 
 
-@pytest.mark.parametrize(("speculator", "page"), [("mtp", 1_122_304), ("dflash", 1_171_456)])
-def test_stride_is_aligned_to_the_c4_unit_for_glm53(split_512, speculator, page):
-    result = plan(vllm_config(), one_mla_three_recurrent(speculator))
-    with pristine_planner():
-        before = plan(vllm_config(), one_mla_three_recurrent(speculator))
-    assert before.stride == page
-    assert result.stride == -(-page // C4_UNIT) * C4_UNIT
-    assert result.stride % C4_UNIT == 0
+def test_the_variables_are_registered_so_hard_fail_validation_accepts_them(split_512):
+    from vllm import envs
+
+    assert envs.VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE == "512"
+    Platform.validate_environ(hard_fail=True)  # raises "Unknown vLLM environment variable"
 
 
 def test_inherited_variable_does_not_touch_another_architecture(split_512):
     config = vllm_config(architecture="DeepseekV32ForCausalLM")
     assert glm53_split_block_sizes(config) is None
-    result = plan(config, one_mla_three_recurrent("dflash"))
-    assert result.stride == 1_171_456
 
 
-def test_no_c4_alignment_without_a_glm53_target_mla_spec(split_512):
-    specs = {f"model.layers.{i}.linear_attn": recurrent(512, "dflash") for i in range(3)}
-    specs["draft.layers.0.self_attn"] = draft_full(512)
-    result = plan(vllm_config(), specs)
-    with pristine_planner():
-        before = plan(vllm_config(), specs)
-    assert result.stride == before.stride
+def test_the_planner_is_unchanged_by_the_variables(split_512, monkeypatch):
+    with_split = plan(vllm_config(), one_mla_three_recurrent())
+    monkeypatch.delenv(TARGET)
+    monkeypatch.delenv(MAMBA)
+    without = plan(vllm_config(), one_mla_three_recurrent())
+    assert [g.kv_cache_spec for g in with_split.groups] == [g.kv_cache_spec for g in without.groups]
+    assert with_split.stride == without.stride
 
 
-def test_unchanged_without_the_variables(monkeypatch):
-    monkeypatch.delenv(TARGET, raising=False)
-    monkeypatch.delenv(MAMBA, raising=False)
+def test_a_layer_outer_layout_is_refused_when_the_groups_are_planned(split_512):
     config = vllm_config()
-    assert glm53_split_block_sizes(config) is None
-    result = plan(config, one_mla_three_recurrent("dflash"))
-    with pristine_planner():
-        before = plan(config, one_mla_three_recurrent("dflash"))
-    assert [g.kv_cache_spec for g in result.groups] == [g.kv_cache_spec for g in before.groups]
-    assert result.stride == before.stride == 1_171_456
+    config.cache_config.kv_cache_layout = "LBNHC"
+    with pytest.raises(ValueError, match=f"^{TARGET} needs a block-outermost KV cache layout.*"
+                       "this start resolved LBNHC"):  # fmt: skip
+        plan(config, one_mla_three_recurrent())
 
 
 @pytest.mark.parametrize(
@@ -89,7 +80,8 @@ def test_unchanged_without_the_variables(monkeypatch):
         ("0", None, "align", f"{TARGET}='0' must be a positive integer"),
         ("abc", None, "align", f"{TARGET}='abc' must be a positive integer"),
         ("-512", None, "align", f"{TARGET}='-512' must be a positive integer"),
-        ("512", "768", "align", f"{MAMBA}=768 must be a positive multiple of {TARGET}=512"),
+        ("512", "2048", "align", f"{MAMBA}=2048 differs from {TARGET}=512: the scheduler"),
+        ("512", "768", "align", f"{MAMBA}=768 differs from {TARGET}=512"),
         ("512", "x", "align", f"{MAMBA}='x' must be a positive integer"),
         (None, "512", "align", f"{MAMBA} is set but {TARGET} is not"),
         ("512", "512", "none", f"{TARGET} requires --mamba-cache-mode align"),
@@ -109,18 +101,76 @@ def test_invalid_values_fail_at_start_naming_the_variable(
         glm53_split_block_sizes(config)
 
 
-def test_mamba_block_defaults_to_the_target_block(monkeypatch):
+def test_recurrent_block_defaults_to_the_target_block(monkeypatch):
     monkeypatch.setenv(TARGET, "512")
     monkeypatch.delenv(MAMBA, raising=False)
     assert glm53_split_block_sizes(vllm_config()) == (512, 512)
-    monkeypatch.setenv(MAMBA, "2048")
-    assert glm53_split_block_sizes(vllm_config()) == (512, 2048)
 
 
-def test_platform_keeps_both_block_sizes_instead_of_promoting(split_512):
+def align(config) -> list[str]:
+    """vLLM's hybrid alignment with vLLM's FlashMLA sparse backend; the lines it logs."""
+    logger = logging.getLogger("vllm.platforms.interface")
+    lines: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        Platform._align_hybrid_block_size(config, FlashMLASparseBackend)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    return lines
+
+
+def test_platform_keeps_both_blocks_and_logs_the_runtime_line(split_512):
     config = vllm_config(max_model_len=262_144)
-    config.cache_config.block_size = 256
-    Platform._align_hybrid_block_size(config, None)
+    config.cache_config.block_size = 64  # what the backend preference picked before alignment
+    lines = align(config)
     assert config.cache_config.block_size == 512
     assert config.cache_config.mamba_block_size == 512
     assert config.cache_config.mamba_page_size_padded is None
+    line = ("Using split GLM-5.3 cache pages: target block size 512 tokens, recurrent-state "
+            "block size 512 tokens.")  # fmt: skip
+    assert lines == [line]
+    facts = parse_lines([f"(EngineCore pid=1) INFO 12-01 10:00:00 [interface.py:1] {line}"])
+    assert facts["split_pages"] == {"target_block_size": 512, "recurrent_block_size": 512,
+                                    "physical_page_bytes": None}  # fmt: skip
+
+
+def test_a_different_user_block_size_is_refused_not_replaced(split_512):
+    config = vllm_config()
+    config.cache_config.block_size = 1024
+    config.cache_config.user_specified_block_size = True
+    with pytest.raises(ValueError, match=f"^--block-size 1024 conflicts with {TARGET}=512"):
+        align(config)
+    assert config.cache_config.block_size == 1024
+    config.cache_config.block_size = 512
+    align(config)
+    assert config.cache_config.block_size == 512
+
+
+def test_a_target_block_off_the_mla_alignment_is_refused(monkeypatch):
+    monkeypatch.setenv(TARGET, "320")  # a multiple of FlashMLA's 64, not of MLA's 128
+    monkeypatch.delenv(MAMBA, raising=False)
+    with pytest.raises(ValueError, match=f"^{TARGET}=320 must be a multiple of 128 tokens .*"
+                       r"128 tokens for MLA decode kernels\); e\.g\. 384\."):  # fmt: skip
+        align(vllm_config())
+
+
+
+def test_the_geometry_report_states_the_split_pages(split_512):
+    """Patch 0003's line on the hand-written seed 004 shape, read back by the smoke parser."""
+    import vllm.v1.core.kv_cache_planning as planning
+
+    config = vllm_config(max_model_len=262_144)
+    result = plan(config, mtp_split_seed())
+    line = planning.format_kv_cache_geometry(config, result.config)
+    facts = parse_lines([f"(EngineCore pid=1) INFO 12-01 10:00:00 [kv_cache_planning.py:1] {line}"])
+    geometry = facts["kv_geometry"]
+    assert geometry["stride_bytes"] == result.stride
+    assert geometry["num_blocks"] == result.config.num_blocks
+    assert geometry["tokens"] == result.tokens
+    assert geometry["block_sizes"] == {"recurrent": 512, "target": 512}
+    assert geometry["page_bytes"] == {"recurrent": 1_122_304, "target": 287_232}
