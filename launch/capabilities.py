@@ -272,7 +272,9 @@ def requirements(p: Profile) -> list[Requirement]:
                 "vLLM selects the target attention backend itself",
                 lambda v, n=name: n in v.attention_backends,
                 lambda q: _replace(q, attention_backend=None),
-                ("backends",),
+                # the backend owns the MLA latent's format, so pages and capacity move with it
+                ("backends", "page_bytes", "kv_cache_tokens", "kv_cache_tokens_min", "kv_blocks",
+                 "max_concurrency_min"),
             )
         )
     spec = e.speculative_config

@@ -50,8 +50,11 @@ EXPECT_DEPENDS: dict[str, tuple[str, ...]] = {
         "engine.speculative_config",
         "features.split_pages",
     ),
+    # The MLA latent's bytes per token are the attention backend's format (vLLM 0.33.0 stores
+    # fp8 as fp8_ds_mla, 656 bytes per token, for its SM120 sparse-MLA backend).
     "page_bytes": (
         "engine.tensor_parallel_size",
+        "engine.attention_backend",
         "engine.kv_cache_dtype",
         "engine.speculative_config",
         "features.split_pages",

@@ -75,11 +75,12 @@ EXCEPTION = re.compile(
     r"^(?P<s>(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Interrupt)(?:: .*)?)$"
 )
 GEOMETRY = re.compile(
-    r"KV cache geometry: stride_bytes=(?P<stride>\d+) num_blocks=(?P<blocks>\d+) "
-    r"tokens=(?P<tokens>\d+|unknown)(?P<groups>(?: group=\S+)*)"
+    r"KV cache geometry: layout=(?P<layout>\w+) stride_bytes=(?P<stride>\d+) "
+    r"num_blocks=(?P<blocks>\d+) tokens=(?P<tokens>\d+|unknown) "
+    r"scheduler_block=(?P<scheduler>\d+) hash_block=(?P<hash>\d+)(?P<groups>(?: group=\S+)*)"
 )
 GEOMETRY_GROUP = re.compile(
-    r"group=(?P<role>\w+)/(?P<kind>\w+)/block=(?P<block>\d+)/cp=(?P<cp>\d+)"
+    r"group=(?P<index>\d+)/(?P<role>\w+)/(?P<kind>\w+)/block=(?P<block>\d+)/cp=(?P<cp>\d+)"
     r"/layers=(?P<layers>\d+)/page_bytes=(?P<page>\d+)"
 )
 # GLM-5.3 split cache pages, in the wording of the runtime seed 004 was qualified on (its
@@ -115,6 +116,7 @@ def parse_geometry(match: re.Match[str]) -> dict[str, Any]:
     """The kit's `KV cache geometry:` line (patches/vllm 0003) as facts."""
     groups = [
         {
+            "group": int(g.group("index")),
             "role": g.group("role"),
             "kind": g.group("kind"),
             "block_size": int(g.group("block")),
@@ -126,15 +128,20 @@ def parse_geometry(match: re.Match[str]) -> dict[str, Any]:
     ]
     tokens = match.group("tokens")
     return {
+        "layout": match.group("layout"),
         "stride_bytes": int(match.group("stride")),
         "num_blocks": int(match.group("blocks")),
         "tokens": None if tokens == "unknown" else int(tokens),
+        "scheduler_block": int(match.group("scheduler")),
+        "hash_block": int(match.group("hash")),
         "groups": groups,
         "block_sizes": _by_role(groups, "block_size"),
         "page_bytes": _by_role(groups, "page_bytes"),
-        # CP sizes of the attention groups in order (recurrent state is never CP-sharded): the
-        # "effective cache-group CP sizes" seed 000 read from its logs.
-        "cp_sizes": [g["cp_size"] for g in groups if g["role"] in ("target", "draft")],
+        # CP sizes of the attention groups in order, one per group (recurrent state is never
+        # CP-sharded): the "effective cache-group CP sizes" seed 000 read from its logs.
+        "cp_sizes": list(
+            {g["group"]: g["cp_size"] for g in groups if g["role"] != "recurrent"}.values()
+        ),
     }
 
 

@@ -121,8 +121,9 @@ def test_expectations_carry_seed_numbers_and_cite_each():
     m = load("mtp3-tp4-split").profile.expect
     assert m.kv_cache_tokens_min == 1_265_215
     assert m.max_concurrency_min == 4.83
-    assert m.block_sizes == {"target": 512, "recurrent": 512}
-    assert m.page_bytes == {"target": 287_232, "recurrent": 1_122_304}
+    assert m.block_sizes == {"latent": 512, "indexer": 512, "recurrent": 512}
+    assert m.page_bytes == {"latent": 270_336, "indexer": 16_896, "recurrent": 1_122_304}
+    assert m.page_bytes["latent"] + m.page_bytes["indexer"] == 287_232  # seed 004's target page
     for exp in (d, m):
         assert set(exp.sources) == set(exp.set_fields())
         assert all(src.startswith("seed 00") for src in exp.sources.values())

@@ -159,18 +159,3 @@ def test_a_target_block_off_the_mla_alignment_is_refused(monkeypatch):
         align(vllm_config())
 
 
-
-def test_the_geometry_report_states_the_split_pages(split_512):
-    """Patch 0003's line on the hand-written seed 004 shape, read back by the smoke parser."""
-    import vllm.v1.core.kv_cache_planning as planning
-
-    config = vllm_config(max_model_len=262_144)
-    result = plan(config, mtp_split_seed())
-    line = planning.format_kv_cache_geometry(config, result.config)
-    facts = parse_lines([f"(EngineCore pid=1) INFO 12-01 10:00:00 [kv_cache_planning.py:1] {line}"])
-    geometry = facts["kv_geometry"]
-    assert geometry["stride_bytes"] == result.stride
-    assert geometry["num_blocks"] == result.config.num_blocks
-    assert geometry["tokens"] == result.tokens
-    assert geometry["block_sizes"] == {"recurrent": 512, "target": 512}
-    assert geometry["page_bytes"] == {"recurrent": 1_122_304, "target": 287_232}

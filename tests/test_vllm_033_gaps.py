@@ -1,13 +1,16 @@
-"""`launch run dflash-tp4-dcp4` on a vLLM that shards the draft under DCP refuses at once.
+"""Where vLLM 0.33.0 (the kit's base) differs from the runtime the seeds qualified, as the
+launcher sees it in the installed source.
 
-vLLM 0.33.0 (the kit's base) keeps a draft's cache replicated only when the speculator's DCP size
-is 1, and the speculator takes the target's DCP size; a DFlash draft's sliding-window layers then
-stop the start at vLLM's own assertion after the weights load. The launcher reads that from the
-installed source and refuses before anything starts, whatever FALLBACKS says.
+The draft: vLLM 0.33.0 keeps a draft's cache replicated only when the speculator's DCP size is 1,
+and the speculator takes the target's DCP size; a DFlash draft's sliding-window layers then stop
+the start at vLLM's own assertion after the weights load. `launch run dflash-tp4-dcp4` refuses
+before anything starts, whatever FALLBACKS says. The target's attention backend: without the
+fork's, vLLM stores the MLA latent in its own format, so page and capacity checks are dropped.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -89,3 +92,30 @@ def test_a_vllm_that_replicates_drafts_is_not_refused(pristine, tmp_path):
     with pytest.raises(ProfileError) as refused:  # the fallback-able knobs still apply
         resolve(load("dflash-tp4-dcp4").profile, other)
     assert "cannot keep the draft replicated" not in str(refused.value)
+
+
+def test_falling_back_from_the_attention_backend_drops_page_and_capacity_checks(pristine):
+    """vLLM 0.33.0 picks its own sparse-MLA backend on SM120 and stores FP8 latents in its
+    DS-MLA format (656 bytes per token), so seed 004's 287,232-byte page cannot hold there."""
+    from vllm.model_executor.layers.attention.mla_attention import (
+        _canonicalize_sparse_mla_kv_cache_dtype,
+    )
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    sm120 = AttentionBackendEnum.FLASHINFER_MLA_SPARSE_SM120.get_class()
+    assert _canonicalize_sparse_mla_kv_cache_dtype(sm120, "fp8") == "fp8_ds_mla"
+
+    from launch.overrides import from_environment
+    from launch.render import render
+
+    fallbacks = {"FALLBACKS": every_fallback("mtp3-tp4-split")}
+    loaded = load("mtp3-tp4-split", from_environment(fallbacks))
+    resolution = resolve(loaded.profile, pristine)
+    # on its own: pristine 0.33.0 also lacks split pages, whose fallback drops these too
+    only_backend = dataclasses.replace(resolution, fallbacks=tuple(
+        r for r in resolution.fallbacks if r.name == "attention_backend"))  # fmt: skip
+    plan = render(loaded, only_backend)
+    assert plan.profile.expect.page_bytes is None
+    assert plan.profile.expect.kv_cache_tokens_min is None
+    for field in ("page_bytes", "kv_cache_tokens_min", "max_concurrency_min"):
+        assert f"expect.{field} not checked: fallback attention_backend" in plan.deviations

@@ -1,0 +1,215 @@
+"""GLM-5.3's KV cache specs as vLLM 0.33.0 builds them, on the CPU, for the planner tests.
+
+One process per tensor-parallel rank joins a gloo world (as vLLM's workers do); each constructs
+vLLM's own layers for one sparse-MLA position (its `Indexer`, which owns the C4 indexer cache and
+the tail ring) and one gated-delta position (`Glm5NextLinearAttention`), and the model runner's
+spec path (`vllm.v1.worker.gpu.attn_utils.get_kv_cache_spec`, which applies each backend's
+`customize_spec`) collects them. Rank 0 writes them out, named after `Glm5NextConfig`'s
+`layer_types` (45 layers: 11 sparse-MLA, 34 gated-delta).
+
+Stand-ins, each for something that cannot run here, and nothing else:
+- the `vllm.models.glm5next` package's `__init__` is skipped (it imports the model class, whose
+  multimodal processor imports torchvision, which has no build for this CPU torch); the layer
+  modules themselves are vLLM's;
+- `model_config` is a namespace holding the checkpoint's text config (vLLM's ModelConfig inspects
+  the model class, the same torchvision import);
+- the MLA latent: `MLAAttention` cannot be built here (the CPU platform refuses sparse attention,
+  and vLLM 0.33.0's SM120 sparse-MLA backend needs FlashInfer), so its spec is
+  `MLAAttention.get_kv_cache_spec` on an instance holding what `__init__` sets: the KV dtype as
+  that backend stores it (vLLM's own `_canonicalize_sparse_mla_kv_cache_dtype`). Beside it,
+  under "runtime", the same specs with the qualified runtime's 528-byte latent, HAND-WRITTEN
+  (512 FP8 bytes and 16 scale bytes per token; seed 004's 287,232-byte page less the indexer's
+  16,896), for the cross-checks against the seeds' numbers.
+Checkpoint values transformers' defaults lack: `index_kpool` 4 (GLM-5.3-Flash's; the default is
+16), `mla_use_nope` true (`qk_rope_head_dim` is 0) and `indexer_rope_interleave` false (no RoPE
+dims to interleave); see ../shared/notes/glm53-geometry.md.
+
+    python -m tests.planner.glm53_specs --tp 4 --dcp 1 --spec-tokens 3 --block 512 --out F.pkl
+
+writes {"vllm": specs, "runtime": specs}, each a layer name -> KVCacheSpec mapping.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+GLM53 = "Glm5NextForConditionalGeneration"
+INDEX_KPOOL = 4
+SM120_SPARSE_MLA = "FLASHINFER_MLA_SPARSE_SM120"
+"""vLLM 0.33.0's sparse-MLA backend on SM120 (`platforms/cuda.py`: TRITON_MLA, which has no
+sparse support, then this one)."""
+RUNTIME_LATENT_BYTES = 528
+
+
+@dataclass(frozen=True)
+class Shape:
+    tp: int
+    dcp: int
+    spec_tokens: int
+    block_size: int = 512
+    kv_cache_dtype: str = "fp8"
+
+
+def text_config():
+    from transformers import Glm5NextTextConfig
+
+    return Glm5NextTextConfig(
+        index_kpool=INDEX_KPOOL, mla_use_nope=True, indexer_rope_interleave=False
+    )
+
+
+def vllm_config(shape: Shape, text):
+    """vLLM's config objects as a start with this shape has them when layers are built."""
+    import torch
+    from vllm.config import VllmConfig
+
+    config = VllmConfig()
+    config.parallel_config.tensor_parallel_size = shape.tp
+    config.parallel_config.decode_context_parallel_size = shape.dcp
+    config.cache_config.block_size = shape.block_size
+    config.cache_config.mamba_block_size = shape.block_size
+    config.cache_config.cache_dtype = shape.kv_cache_dtype
+    config.cache_config.mamba_cache_mode = "align"
+    config.cache_config.kv_cache_layout = "BLNHC"
+    config.attention_config.sparse_mla_prefill_workspace_factor = 2
+    config.speculative_config = SimpleNamespace(num_speculative_tokens=shape.spec_tokens)
+    config.model_config = SimpleNamespace(
+        hf_text_config=text, hf_config=text, architecture=GLM53, use_mla=True, is_moe=True,
+        rswa_window=None, dtype=torch.bfloat16, max_model_len=262_144,
+        original_max_model_len=262_144,
+    )  # fmt: skip
+    return config
+
+
+def _glm5next_modules():
+    """vLLM's GLM-5.3 layer modules without the package `__init__` (see the module docstring)."""
+    import vllm.models
+
+    if "vllm.models.glm5next" not in sys.modules:
+        package = types.ModuleType("vllm.models.glm5next")
+        package.__path__ = [str(Path(vllm.models.__path__[0]) / "glm5next")]
+        sys.modules["vllm.models.glm5next"] = package
+    from vllm.models.glm5next.common import attention, kda
+
+    return attention, kda
+
+
+def latent_spec(config, text, latent: str):
+    """The MLA latent's spec (see the module docstring for why it is not a built layer)."""
+    import torch
+    from vllm.model_executor.layers.attention.mla_attention import (
+        MLAAttention,
+        _canonicalize_sparse_mla_kv_cache_dtype,
+    )
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+    from vllm.v1.worker.utils import customize_attention_spec
+
+    if latent == "runtime":
+        return MLAAttentionSpec(block_size=config.cache_config.block_size, num_kv_heads=1,
+                                head_size=RUNTIME_LATENT_BYTES, dtype=torch.uint8)  # fmt: skip
+    backend = AttentionBackendEnum[SM120_SPARSE_MLA].get_class()
+    layer = MLAAttention.__new__(MLAAttention)
+    layer.kv_cache_dtype = _canonicalize_sparse_mla_kv_cache_dtype(
+        backend, config.cache_config.cache_dtype
+    )
+    layer.head_size = text.kv_lora_rank + text.qk_rope_head_dim
+    layer.sliding_window = None
+    layer.topk_buffer_width = text.index_topk
+    layer.indexer = True
+    layer.non_causal_multi_token_decode = False
+    return customize_attention_spec(backend, MLAAttention.get_kv_cache_spec(layer, config))
+
+
+def build_rank(shape: Shape, rank: int, port: int) -> dict[str, dict]:
+    """This rank's specs for the whole model (one layer of each kind built, then named), with
+    vLLM's latent and with the runtime's."""
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.v1.worker.gpu.attn_utils import get_kv_cache_spec
+
+    text = text_config()
+    config = vllm_config(shape, text)
+    with set_current_vllm_config(config):
+        init_distributed_environment(world_size=shape.tp, rank=rank, local_rank=rank,
+                                     distributed_init_method=f"tcp://127.0.0.1:{port}",
+                                     backend="gloo")  # fmt: skip
+        initialize_model_parallel(shape.tp)
+    attention, kda = _glm5next_modules()
+    mla_at = text.layer_types.index("indexed_attention")
+    gdn_at = text.layer_types.index("linear_attention")
+    with set_current_vllm_config(config), torch.device("meta"):
+        indexer = f"model.layers.{mla_at}.self_attn.indexer"
+        attention.Indexer(config, text, text.hidden_size, text.q_lora_rank, None,
+                          config.cache_config, None, indexer)  # fmt: skip
+        kda.Glm5NextLinearAttention(config=text, vllm_config=config,
+                                    prefix=f"model.layers.{gdn_at}.self_attn")  # fmt: skip
+        built = get_kv_cache_spec(config)
+        latents = {kind: latent_spec(config, text, kind) for kind in ("vllm", "runtime")}
+    out: dict[str, dict] = {}
+    for name, latent in latents.items():
+        specs = out[name] = {}
+        for i, kind in enumerate(text.layer_types):
+            if kind == "linear_attention":
+                specs[f"model.layers.{i}.self_attn"] = built[f"model.layers.{gdn_at}.self_attn"]
+                continue
+            specs[f"model.layers.{i}.self_attn.mla_attn"] = latent
+            for part in ("indexer.k_cache", "indexer.tail_cache"):
+                specs[f"model.layers.{i}.self_attn.{part}"] = built[
+                    f"model.layers.{mla_at}.self_attn.{part}"
+                ]
+    return out
+
+
+def build(shape: Shape, work: Path) -> dict:
+    """Run one process per TP rank and return rank 0's specs ({"vllm": ..., "runtime": ...})."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = work / f"specs-{shape.tp}-{shape.dcp}-{shape.spec_tokens}-{shape.block_size}.pkl"
+    argv = [sys.executable, "-m", "tests.planner.glm53_specs", "--tp", str(shape.tp), "--dcp",
+            str(shape.dcp), "--spec-tokens", str(shape.spec_tokens), "--block",
+            str(shape.block_size), "--port", str(port), "--out", str(out)]  # fmt: skip
+    ranks = [
+        subprocess.Popen([*argv, "--rank", str(r)], env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"},
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for r in range(shape.tp)
+    ]  # fmt: skip
+    logs = [p.communicate(timeout=600)[0] for p in ranks]
+    failed = [(r, p.returncode, logs[r][-2000:]) for r, p in enumerate(ranks) if p.returncode]
+    if failed:
+        raise RuntimeError(f"spec build failed on ranks {failed}")
+    return pickle.loads(out.read_bytes())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tp", type=int, required=True)
+    parser.add_argument("--dcp", type=int, default=1)
+    parser.add_argument("--spec-tokens", type=int, default=0)
+    parser.add_argument("--block", type=int, default=512)
+    parser.add_argument("--rank", type=int)
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    shape = Shape(args.tp, args.dcp, args.spec_tokens, args.block)
+    if args.rank is None:
+        build(shape, args.out.parent)
+        return
+    specs = build_rank(shape, args.rank, args.port)
+    if args.rank == 0:
+        args.out.write_bytes(pickle.dumps(specs))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""The series and the kit's expectations on GLM-5.3's specs as vLLM 0.33.0's own layers build them
+(tests/planner/glm53_specs.py: the indexer cache, the tail ring and the gated-delta state from
+vLLM's classes in a 4-rank gloo world; the MLA latent from MLAAttention's spec method, in vLLM
+0.33.0's SM120 format or, labelled "runtime", the qualified runtime's 528-byte format)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from vllm.utils.math_utils import cdiv, next_power_of_2
+from vllm.v1.attention.backend import MultipleOf
+from vllm.v1.kv_cache_interface import CircularBufferSpec, MambaSpec, MLAAttentionSpec
+
+from launch.loader import load
+from smoke.logparse import parse_lines
+from smoke.verdict import geometry_checks
+from tests.planner.glm53_specs import INDEX_KPOOL, RUNTIME_LATENT_BYTES
+from tests.planner.planning import plan
+from tests.planner.seed_shapes import vllm_config
+
+C4_UNIT = 64 * 132
+"""Seed 004's packed C4 index-page unit: 64 entries of 128 FP8 bytes and 4 scale bytes."""
+
+
+def by_kind(specs: dict) -> dict[str, list]:
+    kinds: dict[str, list] = {"latent": [], "indexer": [], "tail_ring": [], "recurrent": []}
+    for name, spec in specs.items():
+        if isinstance(spec, MambaSpec):
+            kinds["recurrent"].append(spec)
+        elif isinstance(spec, CircularBufferSpec):
+            kinds["tail_ring"].append(spec)
+        elif isinstance(spec, MLAAttentionSpec) and name.endswith("k_cache"):
+            kinds["indexer"].append(spec)
+        else:
+            kinds["latent"].append(spec)
+    return kinds
+
+
+@pytest.fixture
+def split_512(monkeypatch):
+    monkeypatch.setenv("VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE", "512")
+    monkeypatch.setenv("VLLM_GLM53_SPLIT_MAMBA_BLOCK_SIZE", "512")
+
+
+def test_vllm_builds_three_specs_per_sparse_mla_layer(real_specs):
+    kinds = by_kind(real_specs["mtp3"]["vllm"])
+    assert {k: len(v) for k, v in kinds.items()} == {
+        "latent": 11, "indexer": 11, "tail_ring": 11, "recurrent": 34,
+    }  # fmt: skip
+    indexer = kinds["indexer"][0]
+    assert indexer.tokens_per_state == INDEX_KPOOL
+    assert indexer.page_size_bytes == 512 // INDEX_KPOOL * indexer.head_size == 16_896
+    assert indexer.block_stride_alignment == MultipleOf(256)  # its backend's kernel blocks
+    ring = kinds["tail_ring"][0]
+    assert ring.block_size == INDEX_KPOOL * next_power_of_2(cdiv(INDEX_KPOOL + 3, INDEX_KPOOL))
+    assert not ring.dcp_sharded
+    # seed 004: the target page 287,232 = the runtime's latent + this indexer page
+    assert 512 * RUNTIME_LATENT_BYTES + indexer.page_size_bytes == 287_232
+
+
+def test_recurrent_pages_are_the_seeds(real_specs):
+    """Seed 004: 'a 1,171,456-byte DFlash recurrent page' and 'the 1,122,304-byte MTP recurrent
+    page', both as vLLM 0.33.0's gated-delta layer builds them at TP4 (7 and 3 draft tokens)."""
+    assert {s.page_size_bytes for s in by_kind(real_specs["mtp3"]["vllm"])["recurrent"]} == {
+        1_122_304
+    }
+    assert {s.page_size_bytes for s in by_kind(real_specs["dflash"]["vllm"])["recurrent"]} == {
+        1_171_456
+    }
+
+
+def test_seed_000_906_blocks_come_from_the_runtime_latent(real_specs):
+    """12 GiB over the widest group's bytes per block: 11 layers x (latent + indexer) at 2,304
+    tokens. With the runtime's 528-byte latent that is seed 000's 906 blocks; with the latent
+    format vLLM 0.33.0 picks on SM120 the same budget holds fewer."""
+    runtime = plan(vllm_config(dcp=4), real_specs["dflash"]["runtime"])
+    kinds = by_kind(real_specs["dflash"]["runtime"])
+    per_layer = kinds["latent"][0].page_size_bytes + kinds["indexer"][0].page_size_bytes
+    assert runtime.stride == 11 * per_layer == 14_217_984
+    assert runtime.config.num_blocks == 906
+    own = plan(vllm_config(dcp=4), real_specs["dflash"]["vllm"])
+    latent = by_kind(real_specs["dflash"]["vllm"])["latent"][0]
+    assert latent.page_size_bytes > kinds["latent"][0].page_size_bytes
+    assert own.stride >= 11 * (latent.page_size_bytes + kinds["indexer"][0].page_size_bytes)
+    assert own.config.num_blocks == 12_884_901_888 // own.stride < 906
+
+
+@pytest.mark.parametrize("latent", ["vllm", "runtime"])
+def test_the_c4_unit_already_divides_the_stride(real_specs, split_512, latent):
+    """Why 0002 dropped its C4 stride alignment: on the specs vLLM builds, the indexer's kernel
+    block sizes already make every stride a whole number of C4 units."""
+    split = plan(vllm_config(max_model_len=262_144), real_specs["mtp3"][latent])
+    dflash = plan(vllm_config(dcp=4), real_specs["dflash"][latent])
+    assert split.stride % C4_UNIT == 0
+    assert dflash.stride % C4_UNIT == 0
+
+
+def report_facts(specs: dict) -> tuple[dict, object]:
+    import vllm.v1.core.kv_cache_planning as planning
+
+    config = vllm_config(max_model_len=262_144)
+    result = plan(config, specs)
+    line = planning.format_kv_cache_geometry(config, result.config)
+    prefix = "(EngineCore pid=1) INFO 12-01 10:00:00 [kv_cache_planning.py:1] "
+    return parse_lines([prefix + line]), result
+
+
+def test_the_report_describes_every_role_and_the_scheduler(real_specs, split_512):
+    facts, result = report_facts(real_specs["mtp3"]["vllm"])
+    geometry = facts["kv_geometry"]
+    assert geometry["layout"] == "BLNHC"
+    assert (geometry["stride_bytes"], geometry["num_blocks"], geometry["tokens"]) == (
+        result.stride, result.config.num_blocks, result.tokens,
+    )  # fmt: skip
+    assert geometry["scheduler_block"] == result.scheduler_block == 512
+    assert geometry["hash_block"] == 512
+    kinds = by_kind(real_specs["mtp3"]["vllm"])
+    assert geometry["block_sizes"] == {
+        role: specs[0].block_size for role, specs in kinds.items()
+    } == {"latent": 512, "indexer": 512, "tail_ring": 8, "recurrent": 512}  # fmt: skip
+    pages = {role: specs[0].page_size_bytes for role, specs in kinds.items()}
+    assert geometry["page_bytes"] == pages
+    layers = {}
+    for g in geometry["groups"]:
+        layers[g["role"]] = layers.get(g["role"], 0) + g["layers"]
+    assert layers == {"latent": 11, "indexer": 11, "tail_ring": 11, "recurrent": 34}
+
+
+def test_mtp3_expectations_hold_on_the_runtime_report_and_name_vllms_latent(real_specs, split_512):
+    """The profile's block and page expectations are what a report of the qualified geometry
+    prints; vLLM 0.33.0's own latent format fails the page check by name (the kit image needs
+    FALLBACKS=attention_backend, which drops that check)."""
+    profile = load("mtp3-tp4-split").profile
+    runtime, _ = report_facts(real_specs["mtp3"]["runtime"])
+    checks = {c.name: c for c in geometry_checks(profile, runtime)}
+    assert checks["log: block sizes"].ok and checks["log: page bytes"].ok
+    own, _ = report_facts(real_specs["mtp3"]["vllm"])
+    page = {c.name: c for c in geometry_checks(profile, own)}["log: page bytes"]
+    latent = by_kind(real_specs["mtp3"]["vllm"])["latent"][0].page_size_bytes
+    assert not page.ok and f"'latent': {latent}" in page.seen
+    assert math.gcd(latent, 512) == 512  # whole bytes per token in vLLM's format too
