@@ -388,3 +388,26 @@ def test_concurrency_floor_counts_only_for_the_request_length_it_states():
     assert (floor.expected, floor.seen, floor.ok) == (
         ">= 4.83x for 262,144 tokens", "2048.0x for 512 tokens", False
     )
+
+
+def test_the_qualified_runtimes_split_page_lines_are_read_and_checked():
+    """A stand-in for a GPU-only log: the two lines in the wording of the runtime seed 004 was
+    qualified on (its platform interface and KV cache utils), at a 2048/2048 split."""
+    from launch.loader import load
+    from smoke.verdict import geometry_checks
+
+    facts = parse_lines([
+        _line("Using split GLM-5.3 cache pages: target block size 2048 tokens, recurrent-state "
+              "block size 2048 tokens."),
+        _line("Keeping split GLM-5.3 cache groups with physical page sizes [1122304, 1148928].",
+              "kv_cache_utils.py:1"),
+    ])  # fmt: skip
+    assert facts["split_pages"] == {"target_block_size": 2048, "recurrent_block_size": 2048,
+                                    "physical_page_bytes": [1122304, 1148928]}  # fmt: skip
+    check = {c.name: c for c in geometry_checks(load("mtp3-tp4-split").profile, facts)}[
+        "log: split cache pages"
+    ]
+    assert not check.ok
+    assert (check.expected, check.seen) == (
+        "target 512 / recurrent-state 512 tokens", "target 2048 / recurrent-state 2048 tokens"
+    )

@@ -41,6 +41,7 @@ def vllm_config(
         config.model_config = SimpleNamespace(
             architecture=architecture,
             use_mla=True,
+            supports_kv_cache_grouping=False,  # GLM-5.3 declares no grouping of its own
             max_model_len=max_model_len,
             original_max_model_len=max_model_len,
         )

@@ -140,3 +140,33 @@ def test_mtp3_expectations_hold_on_the_runtime_report_and_name_vllms_latent(real
     latent = by_kind(real_specs["mtp3"]["vllm"])["latent"][0].page_size_bytes
     assert not page.ok and f"'latent': {latent}" in page.seen
     assert math.gcd(latent, 512) == 512  # whole bytes per token in vLLM's format too
+
+
+def test_grouping_logs_the_runtimes_second_split_line(real_specs, split_512):
+    """Patch 0002's grouping line, in the runtime's wording, with the page sizes of the specs
+    vLLM builds; the smoke parser reads them back."""
+    import logging
+
+    import vllm.v1.core.kv_cache_planning as planning
+
+    lines: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("vllm.v1.core.kv_cache_planning")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    specs = real_specs["mtp3"]["vllm"]
+    try:
+        planning.get_kv_cache_groups_from_builder(
+            planning.DefaultKVCacheConfigBuilder(), vllm_config(max_model_len=262_144), specs
+        )
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    pages = sorted({spec.page_size_bytes for spec in specs.values()})
+    line = f"Keeping split GLM-5.3 cache groups with physical page sizes {pages}."
+    assert lines == [line]
+    assert pages == [4096, 16_896, 335_872, 1_122_304]  # as patch 0002's header states
+    facts = parse_lines([f"(EngineCore pid=1) INFO 12-01 10:00:00 [kv_cache_planning.py:1] {line}"])
+    assert facts["split_pages"]["physical_page_bytes"] == pages
