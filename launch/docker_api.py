@@ -9,6 +9,7 @@ turns an engine that does not answer into an error naming the socket and the fix
 from __future__ import annotations
 
 import os
+import shutil
 from typing import Any
 
 import requests
@@ -51,6 +52,16 @@ def local_image_id(client: Any, ref: str) -> str | None:
         return client.images.get(ref).id
     except ImageNotFound:
         return None
+
+
+def docker_path() -> str:
+    """The docker CLI that compose runs through, or exit 2 naming the fix."""
+    docker = shutil.which("docker")
+    if docker is None:
+        raise ProfileError(
+            "docker", None, "is not on PATH", "install Docker with the compose plugin"
+        )
+    return docker
 
 
 def require_local_image(image_id: str) -> None:

@@ -21,7 +21,8 @@ from launch.commands.common import add_profile_arguments, build_plan, profile_na
 from launch.commands.render_cmd import compose_document
 from launch.compose_env import ENV_PATH, user_settings, write_generated
 from launch.compose_files import compose_files
-from launch.image_lock import COMPOSE_DIR, resolve_image
+from launch.docker_api import docker_path, require_local_image
+from launch.image_lock import COMPOSE_DIR, is_local_id, resolve_image
 from launch.render import Plan
 from launch.scale import replica_runtime_env, router_source
 
@@ -93,6 +94,16 @@ def write(result: Configured) -> None:
         REPLICAS_FILE.write_text(yaml.safe_dump(result.replicas_doc, sort_keys=False),
                                  encoding="utf-8")  # fmt: skip
     write_generated(result.values, f"profile {result.plan.profile.name}")
+
+
+def prepare_compose(result: Configured) -> str:
+    """Before a command runs compose on `result`: the docker CLI (exit 2 if none), a locally
+    pinned image still on this engine, then compose/.env written. Returns the CLI's path."""
+    docker = docker_path()
+    if is_local_id(result.values["IMAGE"]):
+        require_local_image(result.values["IMAGE"])
+    write(result)
+    return docker
 
 
 def show(result: Configured) -> str:

@@ -12,15 +12,18 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 
 from launch.commands.common import add_profile_arguments
-from launch.commands.configure_cmd import Configured, configure, plan_for_compose, write
-from launch.docker_api import require_local_image
-from launch.errors import ProfileError
-from launch.image_lock import COMPOSE_DIR, is_local_id
+from launch.commands.configure_cmd import (
+    Configured,
+    configure,
+    plan_for_compose,
+    prepare_compose,
+)
+from launch.docker_api import docker_path
+from launch.image_lock import COMPOSE_DIR
 from launch.weights import MISSING_EXIT, WeightRepo, weight_repos
 
 NAME = "fetch"
@@ -46,15 +49,6 @@ def weights_argv(action: str, repos: list[WeightRepo]) -> list[str]:
     output can be read; a download keeps the TTY for huggingface_hub's progress bars)."""
     tty = ["-T"] if action == "check" else []
     return ["docker", "compose", "run", "--rm", *tty, SERVICE, action, *(r.spec for r in repos)]
-
-
-def docker_path() -> str:
-    docker = shutil.which("docker")
-    if docker is None:
-        raise ProfileError(
-            "docker", None, "is not on PATH", "install Docker with the compose plugin"
-        )
-    return docker
 
 
 def missing_weights(result: Configured, repos: list[WeightRepo]) -> str | None:
@@ -98,10 +92,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"cd {shlex.quote(str(COMPOSE_DIR))} && {shlex.join(argv)}", flush=True)
     if args.dry_run:
         return 0
-    argv[0] = docker_path()
-    if is_local_id(result.values["IMAGE"]):
-        require_local_image(result.values["IMAGE"])
-    write(result)
+    argv[0] = prepare_compose(result)
     if args.check:
         missing = missing_weights(result, repos)
         print(missing or f"fetched and verified: {', '.join(r.spec for r in repos)}")

@@ -13,14 +13,16 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import shutil
 
 from launch.commands.common import add_profile_arguments
-from launch.commands.configure_cmd import add_replica_arguments, configure, show, write
+from launch.commands.configure_cmd import (
+    add_replica_arguments,
+    configure,
+    prepare_compose,
+    show,
+)
 from launch.commands.fetch_cmd import warn_if_missing
-from launch.docker_api import require_local_image
-from launch.errors import ProfileError
-from launch.image_lock import COMPOSE_DIR, is_local_id
+from launch.image_lock import COMPOSE_DIR
 from launch.kv_offload import read_host_memory
 from launch.render import plan_header
 from launch.validate import check_host_memory
@@ -50,14 +52,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"cd {shlex.quote(str(COMPOSE_DIR))} && {shlex.join(argv)}", flush=True)
     if args.dry_run:
         return 0
-    docker = shutil.which("docker")
-    if docker is None:
-        raise ProfileError(
-            "docker", None, "is not on PATH", "install Docker with the compose plugin"
-        )
-    if is_local_id(result.values["IMAGE"]):
-        require_local_image(result.values["IMAGE"])
-    write(result)
+    docker = prepare_compose(result)
     if not args.config:
         warn_if_missing(result)
     os.chdir(COMPOSE_DIR)

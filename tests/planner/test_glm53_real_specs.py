@@ -16,7 +16,7 @@ from launch.loader import load
 from smoke.logparse import parse_lines
 from smoke.verdict import geometry_checks
 from tests.planner.glm53_specs import INDEX_KPOOL, RUNTIME_LATENT_BYTES
-from tests.planner.planning import plan
+from tests.planner.planning import info_lines, plan
 from tests.planner.seed_shapes import vllm_config
 
 C4_UNIT = 64 * 132
@@ -145,25 +145,13 @@ def test_mtp3_expectations_hold_on_the_runtime_report_and_name_vllms_latent(real
 def test_grouping_logs_the_runtimes_second_split_line(real_specs, split_512):
     """Patch 0002's grouping line, in the runtime's wording, with the page sizes of the specs
     vLLM builds; the smoke parser reads them back."""
-    import logging
-
     import vllm.v1.core.kv_cache_planning as planning
 
-    lines: list[str] = []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
-    logger = logging.getLogger("vllm.v1.core.kv_cache_planning")
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
     specs = real_specs["mtp3"]["vllm"]
-    try:
+    with info_lines("vllm.v1.core.kv_cache_planning") as lines:
         planning.get_kv_cache_groups_from_builder(
             planning.DefaultKVCacheConfigBuilder(), vllm_config(max_model_len=262_144), specs
         )
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
     pages = sorted({spec.page_size_bytes for spec in specs.values()})
     line = f"Keeping split GLM-5.3 cache groups with physical page sizes {pages}."
     assert lines == [line]

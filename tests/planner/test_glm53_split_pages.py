@@ -7,14 +7,12 @@ vLLM builds); the backends are vLLM's own classes.
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 from vllm.platforms.interface import Platform, glm53_split_block_sizes
 from vllm.v1.attention.backends.mla.flashmla_sparse import FlashMLASparseBackend
 
 from smoke.logparse import parse_lines
-from tests.planner.planning import plan
+from tests.planner.planning import info_lines, plan
 from tests.planner.seed_shapes import mla, mtp_split_seed, recurrent, vllm_config
 
 TARGET = "VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE"
@@ -109,18 +107,8 @@ def test_recurrent_block_defaults_to_the_target_block(monkeypatch):
 
 def align(config) -> list[str]:
     """vLLM's hybrid alignment with vLLM's FlashMLA sparse backend; the lines it logs."""
-    logger = logging.getLogger("vllm.platforms.interface")
-    lines: list[str] = []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
+    with info_lines("vllm.platforms.interface") as lines:
         Platform._align_hybrid_block_size(config, FlashMLASparseBackend)
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
     return lines
 
 
