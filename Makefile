@@ -29,7 +29,8 @@ help:
 	@echo "make compare A=a.json B=b.json   the seed-style A/B table of two receipts"
 	@echo "make bench-client         the bench client's own speed against vLLM's client"
 
-$(TEST_STAMP): tests/env/requirements-cpu.txt pyproject.toml
+# The Makefile is a prerequisite too: the torch and vLLM pins below live here.
+$(TEST_STAMP): tests/env/requirements-cpu.txt pyproject.toml Makefile
 	$(PYTHON) -m venv $(TEST_VENV)
 	$(TEST_PY) -m pip install --quiet --upgrade pip
 	$(TEST_PY) -m pip install --quiet torch==2.13.0
@@ -81,7 +82,6 @@ fetch: $(KIT_STAMP)
 
 up: $(KIT_STAMP)
 	@test -n "$(PROFILE)" || { echo "usage: make up PROFILE=<name>"; exit 2; }
-	$(KIT_PY) -m launch render $(PROFILE)
 	$(KIT_PY) -m launch up $(PROFILE) $(if $(REPLICAS),--replicas $(REPLICAS))
 
 down:
@@ -117,12 +117,16 @@ smoke: $(KIT_STAMP)
 	$(KIT_PY) -m smoke check --profile $(PROFILE) $(if $(URL),--url $(URL)) $(if $(LOG),--log $(LOG)) $(SMOKE_ARGS)
 
 # docker/requirements*.lock: every Python package of each engine's image, hash-locked (pip
-# --require-hashes). The CPU lock needs a pip index or --find-links that has torch 2.13.0+cpu
-# (TORCH_CPU_FIND_LINKS, default this machine's wheel directory).
-TORCH_CPU_FIND_LINKS ?= /opt/wheels
+# --require-hashes); the CUDA lock is then audited against its wheels (docker/lock_audit.py: no
+# path installed by two distributions, nvcc of torch's CUDA version). The CPU lock needs
+# TORCH_CPU_FIND_LINKS: a directory or index page holding torch-2.13.0+cpu for CPython 3.11,
+# which PyPI does not serve.
+TORCH_CPU_FIND_LINKS ?=
 lock: $(TEST_STAMP)
-	$(TEST_VENV)/bin/uv pip compile docker/requirements.in --generate-hashes --python-version 3.12 \
+	@test -n "$(TORCH_CPU_FIND_LINKS)" || { echo "make lock: TORCH_CPU_FIND_LINKS is empty; set it to a directory or page with torch-2.13.0+cpu for CPython 3.11 (PyPI does not serve it), e.g. make lock TORCH_CPU_FIND_LINKS=/path/to/wheels"; exit 2; }
+	$(TEST_VENV)/bin/uv pip compile docker/requirements.in --generate-hashes --python-version 3.13 \
 		--python-platform x86_64-manylinux_2_28 --no-header --output-file docker/requirements.lock
+	$(TEST_PY) docker/lock_audit.py docker/requirements.lock
 	$(TEST_VENV)/bin/uv pip compile docker/requirements-cpu.in --generate-hashes \
 		--python-version 3.11 --python-platform x86_64-manylinux_2_28 --no-header \
 		--find-links $(TORCH_CPU_FIND_LINKS) --no-emit-package torchvision \

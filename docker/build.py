@@ -6,10 +6,12 @@ CPU_BASE_IMAGE for cpu). Passes the base digest, the kit commit and the source-l
 and fails if it hashes differently. Uses the classic builder (DOCKER_BUILDKIT=0), which every
 Docker engine has.
 
-Per-build inputs go to docker/build-inputs/ and are removed afterwards: for cpu, the torch
+Per-build inputs are staged in a temporary directory and served over HTTP on the Docker bridge
+address for the build only (`BUILD_INPUTS`), never copied into the context: for cpu, the torch
 2.13.0+cpu wheel (from `--torch-wheel`, or fetched by this Python's pip; the lock's hash decides
-whether the image accepts it); with `--trust-host-ca` (test builds only), the host's extra CA
-certificates, so pip in the build trusts what the host trusts.
+whether the image accepts it), which pip reads through `--find-links`; with `--trust-host-ca`
+(test builds only), the host's extra CA certificates, which the install step trusts and removes
+again within its one RUN. So no input is in any layer of the image.
 
     python docker/build.py [--engine cuda|cpu] [--tag NAME:TAG] [--trust-host-ca]
         [--torch-wheel FILE] [--allow-dirty] [--dry-run]
@@ -18,13 +20,19 @@ certificates, so pip in the build trusts what the host trusts.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
+import http.server
 import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,10 +40,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "docker")]
 
 from source_lock import ENGINE_LOCKS, encode, source_lock  # noqa: E402
 
+from launch.docker_api import bridge_address, connect  # noqa: E402
 from launch.errors import USAGE_EXIT, ProfileError  # noqa: E402
 from launch.image_lock import BASES, resolve_image  # noqa: E402
 
-INPUTS = ROOT / "docker" / "build-inputs"
 HOST_CA_DIR = Path("/usr/local/share/ca-certificates")
 TORCH_CPU = re.compile(
     r"^torch==(?P<version>\S+\+cpu) \\\n(?P<hashes>(?:\s+--hash=sha256:\w+.*\n)+)", re.M
@@ -74,10 +82,10 @@ def locked_torch(lock: Path) -> tuple[str, set[str]]:
     return match.group("version"), set(re.findall(r"sha256:(\w+)", match.group("hashes")))
 
 
-def stage_torch_wheel(wheel: Path | None) -> Path:
-    """Put the locked torch wheel into build-inputs/wheels; refuse one whose hash is not locked."""
+def stage_torch_wheel(wheel: Path | None, inputs: Path) -> Path:
+    """Put the locked torch wheel into inputs/wheels; refuse one whose hash is not locked."""
     version, hashes = locked_torch(ROOT / ENGINE_LOCKS["cpu"])
-    dest = INPUTS / "wheels"
+    dest = inputs / "wheels"
     dest.mkdir(parents=True, exist_ok=True)
     if wheel is None:
         subprocess.run(
@@ -117,27 +125,46 @@ def stage_torch_wheel(wheel: Path | None) -> Path:
     return dest
 
 
-def stage_host_ca() -> int:
-    dest = INPUTS / "ca"
+def stage_host_ca(inputs: Path) -> int:
+    """The host's extra CA certificates into inputs/ca, listed in ca/index.txt."""
+    dest = inputs / "ca"
     dest.mkdir(parents=True, exist_ok=True)
     certs = sorted(HOST_CA_DIR.glob("*.crt"))
     for crt in certs:
         shutil.copy2(crt, dest / crt.name)
+    (dest / "index.txt").write_text("".join(f"{c.name}\n" for c in certs), encoding="utf-8")
     return len(certs)
 
 
-def clear_inputs() -> None:
-    for child in INPUTS.iterdir():
-        if child.name != "README.md":
-            shutil.rmtree(child) if child.is_dir() else child.unlink()
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        return
 
 
-def build_argv(engine: str, tag: str, base: str, commit: str, lock_sha: str) -> list[str]:
+@contextmanager
+def served(directory: Path) -> Iterator[str]:
+    """`directory` over HTTP on the Docker bridge address while the build runs; its URL."""
+    host = bridge_address(connect("build without per-build inputs"))
+    handler = functools.partial(_Quiet, directory=str(directory))
+    server = http.server.ThreadingHTTPServer((host, 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://{host}:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def build_argv(engine: str, tag: str, base: str, commit: str, lock_sha: str,
+               inputs_url: str = "") -> list[str]:  # fmt: skip
     return [
         "docker",
         "build",
         "--tag",
         tag,
+        "--build-arg",
+        f"BUILD_INPUTS={inputs_url}",
         "--build-arg",
         f"ENGINE={engine}",
         "--build-arg",
@@ -190,19 +217,24 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("docker") is None:
         print("error: docker is not on PATH", file=sys.stderr)
         return USAGE_EXIT
-    clear_inputs()
+    env = {**os.environ, "DOCKER_BUILDKIT": "0"}
     try:
-        if args.engine == "cpu":
-            stage_torch_wheel(args.torch_wheel)
-        if args.trust_host_ca:
-            print(f"test build: trusting {stage_host_ca()} host CA certificate(s)", flush=True)
-        env = {**os.environ, "DOCKER_BUILDKIT": "0"}
-        return subprocess.run(argv_build, env=env, check=False).returncode
+        with tempfile.TemporaryDirectory(prefix="kit-build-inputs-") as tmp:
+            inputs = Path(tmp)
+            if args.engine == "cpu":
+                stage_torch_wheel(args.torch_wheel, inputs)
+            if args.trust_host_ca:
+                print(f"test build: trusting {stage_host_ca(inputs)} host CA certificate(s)",
+                      flush=True)  # fmt: skip
+            if not any(inputs.iterdir()):
+                return subprocess.run(argv_build, env=env, check=False).returncode
+            with served(inputs) as url:
+                print(f"build inputs served at {url} for this build only", flush=True)
+                argv_served = build_argv(args.engine, tag, base, commit, lock_sha, url)
+                return subprocess.run(argv_served, env=env, check=False).returncode
     except ProfileError as err:
         print(f"error: {err}", file=sys.stderr)
         return USAGE_EXIT
-    finally:
-        clear_inputs()
 
 
 if __name__ == "__main__":

@@ -1,8 +1,19 @@
-"""A Debian 12 base image made from Debian's packages, for the CPU image where no registry with
-base images is reachable: `mmdebstrap --variant=minbase` writes a root filesystem, `docker import`
-turns it into an image, and the tag is pushed so it can be pinned by digest like every image.
+"""The kit's base images, made from Debian's packages where no registry with base images is
+reachable: `mmdebstrap --variant=minbase` writes a root filesystem, `docker import` turns it into
+an image, and the tag is pushed so it can be pinned by digest like every image.
 
-    python docker/debian_base.py --tag 127.0.0.1:5000/glm53/debian:bookworm [--push]
+    cpu   Debian 12 (bookworm): the CPU image installs its own packages on top.
+    cuda  Debian 13 (trixie) with what the CUDA image's runtime compiles with: g++ 14.2 (inside
+          nvcc 13.0's host-compiler range), CPython 3.13 with its headers and venv, GNU patch
+          (the patch series) and ca-certificates. The CUDA toolkit itself comes from PyPI's
+          wheels in docker/requirements.lock, hash-locked like every other package. Like an
+          nvidia/cuda base, its config carries what the NVIDIA container toolkit reads
+          (NVIDIA_VISIBLE_DEVICES, NVIDIA_DRIVER_CAPABILITIES, and NVIDIA_REQUIRE_CUDA, so a driver
+          too old for CUDA 13.0 is refused at container start with the toolkit's own message) and
+          where the toolkit will be (CUDA_HOME, its bin on PATH, LIBRARY_PATH at the link-time
+          libcuda stub). The CPU base carries none of it.
+
+    python docker/debian_base.py --engine cuda --tag 127.0.0.1:5000/glm53/debian:trixie [--push]
 """
 
 from __future__ import annotations
@@ -11,16 +22,49 @@ import argparse
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
-MIRRORS = (
-    "deb http://deb.debian.org/debian bookworm main",
-    "deb http://deb.debian.org/debian bookworm-updates main",
-    "deb http://deb.debian.org/debian-security bookworm-security main",
-)
+CUDA_VERSION = "13.0"
+"""The CUDA version of the toolkit wheels in docker/requirements.lock (torch 2.14.0's); the
+self-check compares it with torch.version.cuda and nvcc."""
+CUDA_HOME = "/usr/local/cuda"
+DEBIAN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-def make_base(tag: str, push: bool) -> str:
+@dataclass(frozen=True)
+class Base:
+    suite: str
+    packages: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    """ENV lines written into the image config at import."""
+
+    def mirrors(self) -> tuple[str, ...]:
+        return (
+            f"deb http://deb.debian.org/debian {self.suite} main",
+            f"deb http://deb.debian.org/debian {self.suite}-updates main",
+            f"deb http://deb.debian.org/debian-security {self.suite}-security main",
+        )
+
+
+BASES = {
+    "cpu": Base("bookworm", ("ca-certificates",)),
+    "cuda": Base(
+        "trixie",
+        ("ca-certificates", "g++", "patch", "python3.13", "python3.13-dev", "python3.13-venv"),
+        (
+            ("NVIDIA_VISIBLE_DEVICES", "all"),
+            ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
+            ("NVIDIA_REQUIRE_CUDA", f"cuda>={CUDA_VERSION}"),
+            ("CUDA_HOME", CUDA_HOME),
+            ("PATH", f"{CUDA_HOME}/bin:{DEBIAN_PATH}"),
+            ("LIBRARY_PATH", f"{CUDA_HOME}/lib64/stubs"),
+        ),
+    ),
+}
+
+
+def make_base(base: Base, tag: str, push: bool) -> str:
     """Build, import and (optionally) push the base; return the imported image id."""
     with tempfile.TemporaryDirectory(prefix="kit-debian-") as tmp:
         rootfs = Path(tmp) / "rootfs.tar"
@@ -29,16 +73,18 @@ def make_base(tag: str, push: bool) -> str:
                 "mmdebstrap",
                 "--quiet",
                 "--variant=minbase",
-                "--include=ca-certificates",
-                "bookworm",
+                f"--include={','.join(base.packages)}",
+                base.suite,
                 str(rootfs),
-                *MIRRORS,
+                *base.mirrors(),
             ],
             check=True,
         )
+        changes = [arg for key, value in base.env for arg in ("--change", f"ENV {key}={value}")]
         image_id = subprocess.run(
-            ["docker", "import", str(rootfs), tag], check=True, capture_output=True, text=True
-        ).stdout.strip()
+            ["docker", "import", *changes, str(rootfs), tag],
+            check=True, capture_output=True, text=True,
+        ).stdout.strip()  # fmt: skip
     if push:
         subprocess.run(["docker", "push", "--quiet", tag], check=True)
     return image_id
@@ -46,10 +92,11 @@ def make_base(tag: str, push: bool) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--engine", choices=sorted(BASES), default="cpu")
     parser.add_argument("--tag", required=True, help="registry/repo:tag to import as")
     parser.add_argument("--push", action="store_true", help="push the tag to its registry")
     args = parser.parse_args(argv)
-    print(make_base(args.tag, args.push))
+    print(make_base(BASES[args.engine], args.tag, args.push))
     return 0
 
 

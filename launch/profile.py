@@ -165,6 +165,8 @@ class Expect:
     max_model_len tokens per request); required with the floor."""
     block_sizes: dict[str, int] | None = None
     page_bytes: dict[str, int] | None = None
+    layers: dict[str, int] | None = None
+    """Layers per role in the geometry report (summed over the groups of the role)."""
     cache_group_cp_sizes: tuple[int, ...] | None = None
     cudagraph_mode: str | None = None
     decode_graph_max_batch: int | None = None

@@ -2,8 +2,12 @@
 
 The Accept header lists the OCI and Docker v2 index and manifest media types: without them a
 registry may answer 404 or return a different (converted) manifest and digest. The digest is the
-registry's `Docker-Content-Digest`, checked against the SHA-256 of the body it sent. Anonymous
-bearer tokens (Docker Hub and most public registries) are fetched when the registry asks.
+registry's `Docker-Content-Digest`, checked against the SHA-256 of the body it sent. When the
+registry asks for authentication (a bearer-token challenge, as Docker Hub and most registries
+send, or HTTP Basic, as a registry with htpasswd does), the user's own `docker login`
+credentials for that registry are used (the Docker CLI's config file, DOCKER_CONFIG, and its
+credential helpers, read by the `docker` package); without any, bearer tokens are asked for
+anonymously.
 """
 
 from __future__ import annotations
@@ -63,7 +67,30 @@ def _scheme(registry: str) -> str:
     return "http" if host in ("localhost", "127.0.0.1", "::1") else "https"
 
 
-def _token(challenge: str, ref: ImageRef, timeout: float) -> str:
+def credentials(registry: str) -> tuple[str, str] | None:
+    """(user, password) that `docker login` stored for `registry`, or None."""
+    import docker.auth
+    from docker.errors import DockerException
+
+    try:
+        found = docker.auth.resolve_authconfig(
+            docker.auth.load_config(), None if registry == DOCKER_HUB else registry
+        )
+    except DockerException:  # a credential helper that fails counts as no login
+        return None
+    found = {k.lower(): v for k, v in (found or {}).items()}
+    user, password = found.get("username"), found.get("password")
+    return (user, password) if user and password else None
+
+
+def _login_fix(ref: ImageRef) -> str:
+    host = "" if ref.registry == DOCKER_HUB else f" {ref.registry}"
+    return f"run `docker login{host}` (make pin uses the credentials docker stores), then retry"
+
+
+def _token(
+    challenge: str, ref: ImageRef, timeout: float, login: tuple[str, str] | None
+) -> str:
     params = dict(_BEARER.findall(challenge))
     realm = params.pop("realm", None)
     if not realm:
@@ -74,7 +101,11 @@ def _token(challenge: str, ref: ImageRef, timeout: float) -> str:
             "log in to the registry or use a public image",
         )
     params.setdefault("scope", f"repository:{ref.repository}:pull")
-    response = requests.get(realm, params=params, timeout=timeout)
+    response = requests.get(realm, params=params, auth=login, timeout=timeout)
+    if response.status_code in (401, 403):
+        raise ProfileError("IMAGE", ref.name, f"the token service refused "
+                           f"{'the docker login of ' + login[0] if login else 'anonymous access'}",
+                           _login_fix(ref))  # fmt: skip
     response.raise_for_status()
     body = response.json()
     return body.get("token") or body["access_token"]
@@ -84,12 +115,18 @@ def resolve_digest(ref: ImageRef, *, timeout: float = 30.0) -> str:
     """The manifest digest the registry serves for `ref` right now."""
     url = f"{_scheme(ref.registry)}://{ref.registry}/v2/{ref.repository}/manifests/{ref.tag}"
     headers = {"Accept": ", ".join(MANIFEST_TYPES)}
+    login = None
     try:
         response = requests.get(url, headers=headers, timeout=timeout)
-        if response.status_code == 401 and "Bearer" in response.headers.get("WWW-Authenticate", ""):
-            token = _token(response.headers["WWW-Authenticate"], ref, timeout)
+        challenge = response.headers.get("WWW-Authenticate", "")
+        if response.status_code == 401:
+            login = credentials(ref.registry)
+        if response.status_code == 401 and challenge.startswith("Bearer"):
+            token = _token(challenge, ref, timeout, login)
             headers["Authorization"] = f"Bearer {token}"
             response = requests.get(url, headers=headers, timeout=timeout)
+        elif response.status_code == 401 and login is not None:
+            response = requests.get(url, headers=headers, auth=login, timeout=timeout)
     except requests.RequestException as err:
         raise ProfileError(
             "IMAGE",
@@ -104,6 +141,11 @@ def resolve_digest(ref: ImageRef, *, timeout: float = 30.0) -> str:
             f"tag not found on {ref.registry}",
             "push the image first, or check the tag",
         )
+    if response.status_code in (401, 403):
+        who = f"the docker login of {login[0]!r}" if login else "a request without a login"
+        raise ProfileError("IMAGE", f"{ref.name}:{ref.tag}",
+                           f"registry {ref.registry} refused {who} (HTTP {response.status_code})",
+                           _login_fix(ref))  # fmt: skip
     if response.status_code != 200:
         raise ProfileError(
             "IMAGE",

@@ -118,18 +118,30 @@ def _probe(path: str, port: int, failures: int, period: int = PROBE_PERIOD_S) ->
             "timeoutSeconds": 5, "failureThreshold": failures}  # fmt: skip
 
 
-KIT_MOUNT = "/opt/kit/launch"
-"""Where compose mounts the checkout's launcher for an image without the kit."""
+KIT_ROOT = "/opt/kit"
+"""Where compose mounts the checkout's kit packages (the launcher and the geometry plugin) for an
+image that does not carry them."""
 
 
-def kit_configmap(name: str, files: dict[str, str]) -> tuple[dict[str, Any], list[dict[str, str]]]:
-    """The launcher package as a ConfigMap (keys cannot hold '/', so paths become items)."""
+def kit_configmap(name: str, files: dict[str, str]) -> tuple[dict[str, Any], dict[str, list]]:
+    """The kit's packages as one ConfigMap (keys cannot hold '/', so paths become items), and
+    the items of each package (path below /opt/kit -> its first part) for its own mount."""
     keys = {rel: rel.replace("/", "__") for rel in sorted(files)}
+    items: dict[str, list[dict[str, str]]] = {}
+    for rel, key in keys.items():
+        package, _, below = rel.partition("/")
+        items.setdefault(package, []).append({"key": key, "path": below})
     return {
         "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": f"{name}-launch"},
+        "metadata": {"name": f"{name}-kit"},
         "data": {keys[rel]: files[rel] for rel in keys},
-    }, [{"key": key, "path": rel} for rel, key in keys.items()]  # fmt: skip
+    }, items  # fmt: skip
+
+
+def kit_mounts(service: dict[str, Any]) -> list[str]:
+    """The kit package paths the compose service mounts read-only (`../X:/opt/kit/X:ro`)."""
+    targets = (str(v).rsplit(":", 2) for v in service.get("volumes", []))
+    return [t[1] for t in targets if len(t) == 3 and t[2] == "ro" and t[1].startswith(KIT_ROOT)]
 
 
 def k8s_manifests(plan: Plan, image: str, router_image: str | None, replicas: int, *,
@@ -140,8 +152,8 @@ def k8s_manifests(plan: Plan, image: str, router_image: str | None, replicas: in
 
     The pod runs what the compose `service` runs (merged compose file, `compose_files`): its
     entrypoint, its environment (cache directories, PYTHONPATH, GPUS_FROM_RUNTIME; HF_TOKEN from
-    the Secret), and the kit's launcher mounted the same way. `kit_files` maps paths below
-    launch/ to their text.
+    the Secret), and the kit's packages mounted the same way (the launcher and the geometry
+    plugin, from one ConfigMap). `kit_files` maps paths below /opt/kit to their text.
     """
     p = plan.profile
     d, e = p.deployment, p.engine
@@ -159,7 +171,7 @@ def k8s_manifests(plan: Plan, image: str, router_image: str | None, replicas: in
             if k != "HF_TOKEN"]  # fmt: skip
     env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
         "name": HF_SECRET, "key": "token", "optional": True}}})  # fmt: skip
-    mounts_kit = any(str(v).endswith(f":{KIT_MOUNT}:ro") for v in service.get("volumes", []))
+    mounted = kit_mounts(service)
     pod = {
         "metadata": {"labels": labels},
         "spec": {
@@ -185,14 +197,16 @@ def k8s_manifests(plan: Plan, image: str, router_image: str | None, replicas: in
         },
     }  # fmt: skip
     docs: list[dict[str, Any]] = []
-    if mounts_kit:
+    if mounted:
         configmap, items = kit_configmap(name, kit_files)
         docs.append(configmap)
-        pod["spec"]["containers"][0]["volumeMounts"].append(
-            {"name": "kit-launch", "mountPath": KIT_MOUNT, "readOnly": True})  # fmt: skip
-        pod["spec"]["volumes"].append(
-            {"name": "kit-launch", "configMap": {"name": configmap["metadata"]["name"],
-                                                 "items": items}})  # fmt: skip
+        for path in mounted:
+            package = path.removeprefix(f"{KIT_ROOT}/")
+            pod["spec"]["containers"][0]["volumeMounts"].append(
+                {"name": f"kit-{package}", "mountPath": path, "readOnly": True})  # fmt: skip
+            pod["spec"]["volumes"].append(
+                {"name": f"kit-{package}", "configMap": {"name": configmap["metadata"]["name"],
+                                                         "items": items[package]}})  # fmt: skip
 
     def claim(claim_name: str, size: str) -> dict[str, Any]:
         return {"metadata": {"name": claim_name},

@@ -110,12 +110,12 @@ def check_reasoning(server: Server) -> Check:
     return _guard("api: reasoning separated", "reasoning non-empty, content 'READY'", body)
 
 
-def _tool_request(stream: bool) -> dict[str, Any]:
+def _tool_request(server: Server, stream: bool) -> dict[str, Any]:
     return {
         "messages": [{"role": "user", "content": TOOL_PROMPT}],
         "tools": [WEATHER_TOOL],
         "tool_choice": "auto",
-        "max_tokens": 512,
+        "max_tokens": server.answer_budget(512),
         **({"stream": True} if stream else {}),
     }
 
@@ -136,7 +136,7 @@ def _judge_call(name: str | None, arguments: str | None) -> dict[str, Any]:
 
 def tool_call(server: Server) -> tuple[str, dict[str, Any]]:
     """The first tool call of a non-streamed request, judged against the tool's schema."""
-    data = _json(_post_json(server, _tool_request(stream=False)))
+    data = _json(_post_json(server, _tool_request(server, stream=False)))
     message = _message(data)
     calls = message.get("tool_calls") or []
     if not calls:
@@ -157,7 +157,7 @@ def check_tool_call_stream(server: Server) -> Check:
     def body() -> str:
         name, args = tool_call(server)
         streamed_name, pieces = None, []
-        for chunk in _stream_chunks(server, _tool_request(stream=True)):
+        for chunk in _stream_chunks(server, _tool_request(server, stream=True)):
             for choice in chunk.get("choices") or []:
                 for call in (choice.get("delta") or {}).get("tool_calls") or []:
                     if call.get("index", 0) != 0:

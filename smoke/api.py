@@ -39,9 +39,16 @@ class Server:
     switch) and leave room for it anyway: vLLM 0.33.0 notes that GLM-5.3's template has no such
     switch and always reasons (`vllm/parser/glm47_moe.py`), and the answer is judged from
     `content` alone."""
+    max_model_len: int | None = None
+    """The context the server serves (`/v1/models`' max_model_len), when it says: vLLM answers
+    400 to a max_tokens above it, so a request asks for at most half of it (the rest is for the
+    prompt)."""
 
     def answer_budget(self, tokens: int) -> int:
-        return max(tokens, REASONING_BUDGET) if self.reasoning else tokens
+        budget = max(tokens, REASONING_BUDGET) if self.reasoning else tokens
+        if self.max_model_len is not None:
+            budget = min(budget, self.max_model_len // 2)
+        return budget
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -163,6 +170,20 @@ def _usage(data: dict[str, Any]) -> tuple[int, int, int]:
     except (KeyError, TypeError, ValueError) as err:
         raise CheckFailed(f"usage incomplete: {usage}") from err
     return p, c, t
+
+
+def served_context(server: Server) -> int | None:
+    """`max_model_len` of the served model in `/v1/models` (vLLM reports it), or None."""
+    try:
+        data = _json(requests.get(server.url("/v1/models"), headers=server.headers(),
+                                  timeout=(5, server.timeout)))  # fmt: skip
+    except (CheckFailed, requests.RequestException):
+        return None
+    for model in data.get("data", []):
+        if isinstance(model, dict) and model.get("id") == server.model_id:
+            value = model.get("max_model_len")
+            return value if isinstance(value, int) and value > 0 else None
+    return None
 
 
 def check_model_id(server: Server) -> Check:

@@ -8,6 +8,7 @@ a check failed, 2 for bad usage, unreadable input or no Docker engine to read fr
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ from launch.commands.common import add_set_argument, build_plan
 from launch.compose_env import default_url, user_settings
 from launch.errors import ProfileError
 from smoke.agent_api import CHECK_KEYS, DEFAULT_CONCURRENCY, run_agent_checks
-from smoke.api import Server, run_api_checks
+from smoke.api import Server, run_api_checks, served_context
 from smoke.containers import ContainerLogs, connect, find_service_containers
 from smoke.logparse import LogParser
 from smoke.ready import LogSource, LogTail, settle_log, wait_ready
@@ -122,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
 
     checks = [wait_ready(server, args.timeout, tail, progress, service=args.service)]
     if checks[0].ok:
+        server = dataclasses.replace(server, max_model_len=served_context(server))
         checks += run_api_checks(server)
         checks += run_agent_checks(server, profile, args.concurrency, args.context_tokens,
                                    tuple(args.only), tuple(args.skip))  # fmt: skip

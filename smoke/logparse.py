@@ -19,6 +19,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvgeometry.report import PREFIX, UNKNOWN
+
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 COMPOSE_PREFIX = re.compile(r"^(?P<service>[A-Za-z0-9][\w.\-]*)\s+\| ?(?P<rest>.*)$")
 CONTAINER_TS = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|[+-]\d{2}:?\d{2})? ")
@@ -74,14 +76,26 @@ FAILED = re.compile(r"EngineCore failed to start|Engine core initialization fail
 EXCEPTION = re.compile(
     r"^(?P<s>(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Interrupt)(?:: .*)?)$"
 )
+# The kit's geometry plugin (kvgeometry): any value this vLLM could not give is `unknown`.
+_N = rf"(?:\d+|{UNKNOWN})"
 GEOMETRY = re.compile(
-    r"KV cache geometry: layout=(?P<layout>\w+) stride_bytes=(?P<stride>\d+) "
-    r"num_blocks=(?P<blocks>\d+) tokens=(?P<tokens>\d+|unknown) "
-    r"scheduler_block=(?P<scheduler>\d+) hash_block=(?P<hash>\d+)(?P<groups>(?: group=\S+)*)"
+    rf"{re.escape(PREFIX)} layout=(?P<layout>\w+) stride_bytes=(?P<stride>{_N}) "
+    rf"num_blocks=(?P<blocks>{_N}) tokens=(?P<tokens>{_N}) "
+    rf"scheduler_block=(?P<scheduler>{_N}) hash_block=(?P<hash>{_N})(?P<groups>(?: group=\S+)*)"
 )
 GEOMETRY_GROUP = re.compile(
-    r"group=(?P<index>\d+)/(?P<role>\w+)/(?P<kind>\w+)/block=(?P<block>\d+)/cp=(?P<cp>\d+)"
-    r"/layers=(?P<layers>\d+)/page_bytes=(?P<page>\d+)"
+    rf"group=(?P<index>\d+)/(?P<role>\w+)/(?P<kind>\w+)/block=(?P<block>{_N})/cp=(?P<cp>{_N})"
+    rf"/layers=(?P<layers>\d+)/page_bytes=(?P<page>{_N})"
+)
+GEOMETRY_MISSING = re.compile(rf"{re.escape(PREFIX)} not reported: (?P<why>.+)$")
+# The qualified runtime's own lines about the plan, read beside the plugin's line (each is
+# quoted in tests/fixtures/glm53-tp3-dflash2-r27-excerpt.log): the layout vLLM
+# resolved (v1/attention/backends/utils.py in vLLM 0.33.0 too), the sparse-MLA cache format of
+# the B12X backend, and the DFlash draft's cache groups.
+KV_LAYOUT = re.compile(r"^Using (?P<layout>[A-Z]+) KV cache layout\.")
+KV_FORMAT = re.compile(r"^Using (?P<format>\S+) KV cache format for (?P<backend>\S+) backend")
+DRAFT_GROUPS = re.compile(
+    r"Keeping (?P<layers>\d+) DFlash draft KV layers in (?P<groups>\d+) independent cache group"
 )
 # GLM-5.3 split cache pages, in the wording of the runtime seed 004 was qualified on (its
 # platform interface and KV cache utils); the kit's patch 0002 logs the first line the same way.
@@ -112,31 +126,39 @@ def _by_role(groups: list[dict[str, Any]], key: str) -> dict[str, Any]:
     return out
 
 
+def _num(text: str) -> int | None:
+    """A number of the geometry line; `unknown` (this vLLM could not give it) is None."""
+    return None if text == UNKNOWN else int(text)
+
+
 def parse_geometry(match: re.Match[str]) -> dict[str, Any]:
-    """The kit's `KV cache geometry:` line (patches/vllm 0003) as facts."""
+    """The geometry plugin's `KV cache geometry:` line (kvgeometry.report) as facts."""
     groups = [
         {
             "group": int(g.group("index")),
             "role": g.group("role"),
             "kind": g.group("kind"),
-            "block_size": int(g.group("block")),
-            "cp_size": int(g.group("cp")),
+            "block_size": _num(g.group("block")),
+            "cp_size": _num(g.group("cp")),
             "layers": int(g.group("layers")),
-            "page_bytes": int(g.group("page")),
+            "page_bytes": _num(g.group("page")),
         }
         for g in GEOMETRY_GROUP.finditer(match.group("groups"))
     ]
-    tokens = match.group("tokens")
+    layers: dict[str, int] = {}
+    for g in groups:
+        layers[g["role"]] = layers.get(g["role"], 0) + g["layers"]
     return {
         "layout": match.group("layout"),
-        "stride_bytes": int(match.group("stride")),
-        "num_blocks": int(match.group("blocks")),
-        "tokens": None if tokens == "unknown" else int(tokens),
-        "scheduler_block": int(match.group("scheduler")),
-        "hash_block": int(match.group("hash")),
+        "stride_bytes": _num(match.group("stride")),
+        "num_blocks": _num(match.group("blocks")),
+        "tokens": _num(match.group("tokens")),
+        "scheduler_block": _num(match.group("scheduler")),
+        "hash_block": _num(match.group("hash")),
         "groups": groups,
         "block_sizes": _by_role(groups, "block_size"),
         "page_bytes": _by_role(groups, "page_bytes"),
+        "layers": layers,
         # CP sizes of the attention groups in order, one per group (recurrent state is never
         # CP-sharded): the "effective cache-group CP sizes" seed 000 read from its logs.
         "cp_sizes": list(
@@ -183,6 +205,11 @@ class StartFacts:
     block_size_changes: list[dict[str, Any]] = field(default_factory=list)
     spec_decode: dict[str, Any] | None = None
     kv_geometry: dict[str, Any] | None = None
+    geometry_missing: str | None = None
+    """Why the geometry plugin could not report (its WARNING), when it said so."""
+    kv_layout: str | None = None
+    kv_cache_format: dict[str, str] | None = None
+    draft_groups: dict[str, int] | None = None
     split_pages: dict[str, Any] | None = None
     kv_offload: dict[str, Any] | None = None
     gpu_names: list[str] = field(default_factory=list)
@@ -235,6 +262,10 @@ class ServiceState:
             "block_size_changes": [dict(b) for b in c.block_size_changes],
             "spec_decode": c.spec_decode,
             "kv_geometry": c.kv_geometry,
+            "geometry_missing": c.geometry_missing,
+            "kv_layout": c.kv_layout,
+            "kv_cache_format": None if c.kv_cache_format is None else dict(c.kv_cache_format),
+            "draft_groups": None if c.draft_groups is None else dict(c.draft_groups),
             "split_pages": None if c.split_pages is None else dict(c.split_pages),
             "kv_offload": None if c.kv_offload is None else dict(c.kv_offload),
             "gpu_names": list(c.gpu_names),
@@ -383,6 +414,14 @@ class LogParser:
                 c.gpu_names.append(name)
         if m := GEOMETRY.search(msg):
             c.kv_geometry = parse_geometry(m)
+        elif m := GEOMETRY_MISSING.search(msg):
+            c.geometry_missing = m.group("why")
+        if m := KV_LAYOUT.match(msg):
+            c.kv_layout = m.group("layout")
+        if m := KV_FORMAT.match(msg):
+            c.kv_cache_format = {"format": m.group("format"), "backend": m.group("backend")}
+        if m := DRAFT_GROUPS.search(msg):
+            c.draft_groups = {"layers": int(m.group("layers")), "groups": int(m.group("groups"))}
         self._split_pages(c, msg)
         self._offload(c, msg)
         if FAILED.search(msg):

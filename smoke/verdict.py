@@ -6,11 +6,13 @@ function; an expectation the log does not report fails (unverified is not passed
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from kvgeometry.report import PREFIX
 from launch.kv_offload import CONNECTORS, OFF, region_bytes
 from launch.profile import Profile
 
@@ -43,6 +45,8 @@ def geometry_checks(profile: Profile, facts: dict[str, Any]) -> list[Check]:
         started = f"no service {facts['service_missing']!r} in the log (it has: {services})"
     elif facts["starts"] == 0 and "," in services:
         started = f"the log holds several services ({services}): pass --service NAME"
+    elif facts["starts"] == 0 and not facts["errors"]:
+        started = "no engine start in the log (no `non-default args:` line or engine banner)"
     else:
         started = "; ".join(facts["errors"][-1:]) or (
             "failed" if facts["last_start_failed"] else "started"
@@ -78,14 +82,18 @@ def geometry_checks(profile: Profile, facts: dict[str, Any]) -> list[Check]:
     if e.max_concurrency_min is not None:
         checks.append(concurrency_check(e.max_concurrency_min, e.max_concurrency_tokens, facts))
     geometry = facts.get("kv_geometry") or {}
+    absent = geometry_absent(facts)
     for name, want, got in (
         ("log: KV blocks", e.kv_blocks, geometry.get("num_blocks")),
         ("log: block sizes", e.block_sizes, _roles(geometry.get("block_sizes"), e.block_sizes)),
         ("log: page bytes", e.page_bytes, _roles(geometry.get("page_bytes"), e.page_bytes)),
+        ("log: layers", e.layers, _roles(geometry.get("layers"), e.layers)),
         ("log: cache-group CP sizes", e.cache_group_cp_sizes, _tuple(geometry.get("cp_sizes"))),
     ):
         if want:
-            checks.append(_check(name, want, got, got == want))
+            check = _check(name, want, got, got == want)
+            checks.append(check if geometry else dataclasses.replace(check, seen=absent))
+    checks += agreement_checks(facts)
     checks += split_page_checks(profile, facts)
     if e.cudagraph_mode is not None:
         seen = facts.get("cudagraph_mode_resolved")
@@ -119,6 +127,50 @@ def geometry_checks(profile: Profile, facts: dict[str, Any]) -> list[Check]:
             )
         )
     return checks
+
+
+def geometry_absent(facts: dict[str, Any]) -> str:
+    """Why a geometry check has nothing to read: the plugin's own WARNING when it gave one."""
+    if facts.get("geometry_missing"):
+        return f"not reported: {facts['geometry_missing']}"
+    return f"{NOT_IN_LOG} (no `{PREFIX}` line: the kit's plugin did not run in this engine)"
+
+
+def agreement_checks(facts: dict[str, Any]) -> list[Check]:
+    """The plugin's line against what the runtime itself logs about the same plan, where both
+    appear: its KV cache size, its resolved layout, the split-page block sizes and the DFlash
+    draft's cache groups (the qualified runtime's lines). A disagreement names both."""
+    geometry = facts.get("kv_geometry")
+    if not geometry:
+        return []
+    blocks = geometry["block_sizes"]
+    draft = [g for g in geometry["groups"] if g["role"] == "draft"]
+    split = facts.get("split_pages") or {}
+    pairs = [
+        ("KV cache tokens", facts.get("kv_cache_tokens"), geometry["tokens"]),
+        ("layout", facts.get("kv_layout"), geometry["layout"]),
+    ]
+    if split.get("target_block_size") is not None:
+        pairs += [
+            ("split target block", split["target_block_size"], blocks.get("latent")),
+            ("split recurrent block", split["recurrent_block_size"], blocks.get("recurrent")),
+        ]
+    if facts.get("draft_groups"):
+        pairs.append(
+            ("DFlash draft layers / groups",
+             f"{facts['draft_groups']['layers']} / {facts['draft_groups']['groups']}",
+             f"{sum(g['layers'] for g in draft)} / {len({g['group'] for g in draft})}")
+        )  # fmt: skip
+    return [
+        Check(
+            f"log: geometry agrees with vLLM ({what})",
+            f"vLLM's line: {runtime}",
+            f"plugin: {'unknown' if plugin is None else plugin}",
+            runtime == plugin,
+        )
+        for what, runtime, plugin in pairs
+        if runtime is not None
+    ]
 
 
 def split_page_checks(profile: Profile, facts: dict[str, Any]) -> list[Check]:

@@ -27,12 +27,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_http_ok(url: str, timeout: float = 30.0) -> None:
+def wait_http_ok(url: str, timeout: float = 30.0, auth: tuple[str, str] | None = None) -> None:
     """Poll `url` until it answers 200; fail the test after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            if requests.get(url, timeout=1).status_code == 200:
+            if requests.get(url, timeout=1, auth=auth).status_code == 200:
                 return
         except requests.RequestException:
             pass

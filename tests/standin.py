@@ -40,10 +40,12 @@ class StandIn(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(
-        self, fault: str | None = None, late_seconds: float = 0.0, model: str = MODEL
+        self, fault: str | None = None, late_seconds: float = 0.0, model: str = MODEL,
+        max_model_len: int = 8192,
     ) -> None:
         super().__init__(("127.0.0.1", 0), Handler)
         self.fault = fault
+        self.max_model_len = max_model_len
         self.model = model if fault != "wrong_model" else "some-other-model"
         self.ready_at = time.monotonic() + (late_seconds if fault == "late" else 0.0)
         self.release = threading.Event()
@@ -87,7 +89,8 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/health":
             self._send(200, b"")
         elif self.path == "/v1/models":
-            body = {"object": "list", "data": [{"id": self.server.model, "object": "model"}]}
+            body = {"object": "list", "data": [{"id": self.server.model, "object": "model",
+                                                "max_model_len": self.server.max_model_len}]}
             self._send(200, json.dumps(body).encode())
         else:
             self._send(404, b"{}")
@@ -100,6 +103,14 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, json.dumps({"count": count(request["messages"])}).encode())
             return
         self.server.chat_bodies.append(request)
+        asked, context = request.get("max_tokens"), self.server.max_model_len
+        if isinstance(asked, int) and asked > context:
+            # vLLM's own refusal (vllm/renderers/params.py in 0.33.0), as a real server with
+            # --max-model-len 512 answers a 2,048-token request
+            message = (f"max_tokens={asked} cannot be greater than max_model_len={context}. "
+                       "Please request fewer output tokens.")  # fmt: skip
+            self._send(400, json.dumps({"error": {"message": message, "code": 400}}).encode())
+            return
         fault = self.server.fault
         if fault == "http500":
             self._send(500, b'{"error": "internal"}')

@@ -83,6 +83,7 @@ def test_compose_config_shows_digest_gpus_volumes_and_healthcheck(name):
     assert devices == [{"driver": "nvidia", "device_ids": ["4,5,6,7"], "capabilities": ["gpu"]}]
     assert service["environment"]["GPUS_FROM_RUNTIME"] == "1"
     assert (service["ipc"], service["init"]) == ("host", True)
+    assert service["restart"] == "unless-stopped"
     assert service["shm_size"] == str(64 * 1024**3)
     assert service["ulimits"] == {"memlock": -1, "stack": 67108864}
     assert service["ports"][0]["host_ip"] == "127.0.0.1"
@@ -96,6 +97,9 @@ def test_compose_config_shows_digest_gpus_volumes_and_healthcheck(name):
     }
     mounts = {v["target"]: v for v in service["volumes"]}
     assert mounts["/opt/kit/launch"]["read_only"] is True
+    # the geometry plugin reaches an image without the kit (the qualified one) beside the launcher
+    plugin = mounts["/opt/kit/kvgeometry"]
+    assert (plugin["source"], plugin["read_only"]) == (str(REPO / "kvgeometry"), True)
     assert config["volumes"]["hf-cache"]["name"] == "glm53-hf-cache"
     assert config["volumes"]["jit-cache"]["name"] == f"glm53-jit-cache-{name}"
     assert "HF_TOKEN" in service["environment"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -280,7 +281,11 @@ def test_geometry_against_profile_reports_each_expectation():
     assert results["log: KV cache tokens (floor)"] == ("1271040", True)
     # 6.27x is GLM-5.1's figure for 202,752-token requests; the floor is for 262,144 tokens
     assert results["log: max concurrency (floor)"] == ("6.27x for 202,752 tokens", False)
-    assert results["log: block sizes"] == ("not reported in the log", False)
+    assert results["log: block sizes"] == (
+        "not reported in the log (no `KV cache geometry:` line: the kit's plugin did not run in "
+        "this engine)",
+        False,
+    )
     assert results["log: backend B12X"] == (
         "Using AttentionBackendEnum.B12X_MLA_SPARSE backend",
         True,
@@ -315,8 +320,7 @@ def test_hyphenated_worker_prefix_of_the_real_cpu_log_is_stripped():
 
 def _vllm_format(rel: str, start: str) -> str:
     """The %-format string of a vLLM 0.33.0 log call, read from the installed source."""
-    vllm = pytest.importorskip("vllm")
-    from pathlib import Path
+    import vllm  # part of the test environment: a missing vLLM fails, it never skips
 
     text = (Path(vllm.__file__).parent / rel).read_text(encoding="utf-8")
     at = text.index(start)
@@ -411,3 +415,58 @@ def test_the_qualified_runtimes_split_page_lines_are_read_and_checked():
     assert (check.expected, check.seen) == (
         "target 512 / recurrent-state 512 tokens", "target 2048 / recurrent-state 2048 tokens"
     )
+
+
+QUALIFIED_EXCERPT = Path(__file__).parent / "fixtures" / "glm53-tp3-dflash2-r27-excerpt.log"
+"""Real lines of the qualified GLM-5.3 runtime (tests/fixtures/README.md names the public log)."""
+
+
+def test_the_qualified_runtimes_own_plan_lines_are_read():
+    with QUALIFIED_EXCERPT.open(encoding="utf-8") as fh:
+        facts = parse_lines(fh)
+    assert facts["kv_layout"] == "BLHNC"
+    assert facts["kv_cache_format"] == {"format": "fp8_ds_mla", "backend": "B12X"}
+    assert facts["draft_groups"] == {"layers": 5, "groups": 1}
+    assert facts["split_pages"] == {"target_block_size": 2048, "recurrent_block_size": 2048,
+                                    "physical_page_bytes": [1148928, 1610752]}  # fmt: skip
+    assert (facts["kv_cache_tokens"], facts["max_concurrency"]) == (2_078_852, 1.98)
+    assert facts["kv_geometry"] is None and facts["geometry_missing"] is None
+
+
+def plugin_line(tokens: int, layout: str = "BLHNC") -> str:
+    """A STAND-IN for the plugin's line on that start (the fork's GPU start cannot run here):
+    written in the plugin's format with the runtime's own figures, 2,048-token split pages and
+    the DFlash draft's 5 layers in one group."""
+    return (
+        f"(EngineCore pid=16236) INFO 09-08 08:04:37 [__init__.py:60] KV cache geometry: "
+        f"layout={layout} stride_bytes=10340352 num_blocks=1014 tokens={tokens} "
+        "scheduler_block=2048 hash_block=2048 "
+        "group=0/latent/mla/block=2048/cp=1/layers=9/page_bytes=1081344 "
+        "group=0/indexer/mla/block=2048/cp=1/layers=9/page_bytes=67584 "
+        "group=1/recurrent/mamba/block=2048/cp=1/layers=34/page_bytes=1610752 "
+        "group=2/draft/sliding_window/block=2048/cp=1/layers=5/page_bytes=393216"
+    )
+
+
+def test_the_plugins_line_agrees_with_the_runtimes_lines_or_names_both():
+    from launch.loader import load
+    from smoke.verdict import geometry_checks
+
+    profile = load("dflash-tp4-dcp4").profile
+    lines = QUALIFIED_EXCERPT.read_text(encoding="utf-8").splitlines()
+    agreeing = {c.name: c for c in geometry_checks(profile, parse_lines(
+        [*lines, plugin_line(2_078_852)]))}  # fmt: skip
+    names = [n for n in agreeing if n.startswith("log: geometry agrees with vLLM")]
+    assert [n.split("(")[1].rstrip(")") for n in names] == [
+        "KV cache tokens", "layout", "split target block", "split recurrent block",
+        "DFlash draft layers / groups",
+    ]  # fmt: skip
+    assert all(agreeing[n].ok for n in names)
+    off = {c.name: c for c in geometry_checks(profile, parse_lines(
+        [*lines, plugin_line(2_078_000, layout="BLNHC")]))}  # fmt: skip
+    tokens = off["log: geometry agrees with vLLM (KV cache tokens)"]
+    assert not tokens.ok
+    assert (tokens.expected, tokens.seen) == ("vLLM's line: 2078852", "plugin: 2078000")
+    layout = off["log: geometry agrees with vLLM (layout)"]
+    assert (layout.ok, layout.expected, layout.seen) == (False, "vLLM's line: BLHNC",
+                                                         "plugin: BLNHC")  # fmt: skip

@@ -7,6 +7,7 @@ the fixture. The digest `pin` writes must be the one the registry reports to sko
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,43 +19,66 @@ import requests
 from tests.conftest import REPO, free_port, wait_http_ok
 
 
-@pytest.fixture
-def registry(tmp_path: Path) -> Iterator[str]:
+def serve_registry(tmp_path: Path, auth: str = "") -> Iterator[str]:
     port = free_port()
     config = tmp_path / "registry.yml"
     config.write_text(
         "version: 0.1\n"
         f"storage:\n  filesystem:\n    rootdirectory: {tmp_path / 'data'}\n"
-        f"http:\n  addr: 127.0.0.1:{port}\n"
+        f"http:\n  addr: 127.0.0.1:{port}\n{auth}"
     )
     proc = subprocess.Popen(["docker-registry", "serve", str(config)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     address = f"127.0.0.1:{port}"
     try:
-        wait_http_ok(f"http://{address}/v2/", timeout=20)
+        wait_http_ok(f"http://{address}/v2/", timeout=20, auth=("kit", PASSWORD) if auth else None)
         yield address
     finally:
         proc.terminate()
         proc.wait(timeout=10)
 
 
-def push(tmp_path: Path, ref: str, env_value: str) -> str:
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[str]:
+    yield from serve_registry(tmp_path)
+
+
+PASSWORD = "kit-secret-7"
+
+
+@pytest.fixture
+def private_registry(tmp_path: Path) -> Iterator[str]:
+    """The same registry with htpasswd authentication (user `kit`), as a team's private one."""
+    import bcrypt
+
+    htpasswd = tmp_path / "htpasswd"
+    htpasswd.write_text(f"kit:{bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt()).decode()}\n")
+    yield from serve_registry(
+        tmp_path, f"auth:\n  htpasswd:\n    realm: kit-test\n    path: {htpasswd}\n"
+    )
+
+
+def push(tmp_path: Path, ref: str, env_value: str, creds: str | None = None) -> str:
     """Make a tiny distinct image with umoci, push it with skopeo, return the registry's digest."""
     layout = tmp_path / f"layout-{env_value}"
     subprocess.run(["umoci", "init", "--layout", str(layout)], check=True)
     subprocess.run(["umoci", "new", "--image", f"{layout}:t"], check=True)
     subprocess.run(["umoci", "config", "--image", f"{layout}:t", f"--config.env=KIT={env_value}"],
                    check=True)  # fmt: skip
-    subprocess.run(["skopeo", "copy", "--quiet", "--dest-tls-verify=false", f"oci:{layout}:t",
-                    f"docker://{ref}"], check=True)  # fmt: skip
-    inspect = subprocess.run(["skopeo", "inspect", "--tls-verify=false", f"docker://{ref}"],
+    login = ["--dest-creds", creds] if creds else []
+    subprocess.run(["skopeo", "copy", "--quiet", "--dest-tls-verify=false", *login,
+                    f"oci:{layout}:t", f"docker://{ref}"], check=True)  # fmt: skip
+    inspect = subprocess.run(["skopeo", "inspect", "--tls-verify=false",
+                              *(["--creds", creds] if creds else []), f"docker://{ref}"],
                              capture_output=True, text=True, check=True)  # fmt: skip
     return json.loads(inspect.stdout)["Digest"]
 
 
-def pin(lock: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def pin(lock: Path, *args: str, env: dict[str, str] | None = None
+        ) -> subprocess.CompletedProcess[str]:  # fmt: skip
     argv = [sys.executable, "-m", "launch", "pin", *args, "--lock", str(lock)]
-    return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, **(env or {})})  # fmt: skip
 
 
 @pytest.fixture
@@ -70,6 +94,29 @@ def test_tag_resolves_to_the_digest_the_registry_reports(tmp_path, registry, loc
     assert result.returncode == 0, result.stderr
     assert f"KIT_IMAGE={registry}/kit/tiny@{digest}\n" in lock.read_text()
     assert lock.read_text().startswith("# test lock\n")
+
+
+def test_a_private_registry_is_pinned_with_the_users_docker_login(tmp_path, private_registry,
+                                                                 lock):  # fmt: skip
+    """The real `docker login` (the engine `.ci/run` starts checks the password) writes the
+    credentials where the Docker CLI keeps them; `make pin` uses them. Without a login the
+    refusal names `docker login`, and nothing is written."""
+    ref = f"{private_registry}/kit/private:v1"
+    digest = push(tmp_path, ref, "one", creds=f"kit:{PASSWORD}")
+    config = {"DOCKER_CONFIG": str(tmp_path / "docker-config")}
+    anonymous = pin(lock, ref, env=config)
+    assert anonymous.returncode == 2
+    assert anonymous.stderr.startswith(f"error: IMAGE='{ref}': registry {private_registry} "
+                                       "refused a request without a login (HTTP 401).")  # fmt: skip
+    assert f"`docker login {private_registry}`" in anonymous.stderr
+    assert "@" not in lock.read_text()
+    login = subprocess.run(["docker", "login", private_registry, "--username", "kit",
+                            "--password-stdin"], input=PASSWORD, capture_output=True, text=True,
+                           env={**os.environ, **config}, timeout=60, check=False)  # fmt: skip
+    assert login.returncode == 0, login.stderr
+    result = pin(lock, ref, env=config)
+    assert result.returncode == 0, result.stderr
+    assert f"KIT_IMAGE={private_registry}/kit/private@{digest}\n" in lock.read_text()
 
 
 def test_without_manifest_media_types_the_registry_answers_404(tmp_path, registry):
@@ -123,7 +170,8 @@ def test_a_locally_built_image_is_pinned_by_its_image_id(tmp_path, lock):
     try:
         connect("skip")
     except ProfileError as err:
-        pytest.skip(f"no Docker engine here: {err}")
+        pytest.fail(f"no Docker engine answers ({err}); the kit's tests need one: "
+                    "`python tests/e2e/services.py start --state DIR` starts it")
     context = tmp_path / "context"
     context.mkdir()
     (context / "marker").write_text(str(tmp_path))

@@ -72,9 +72,17 @@ def test_k8s_manifests_validate_and_carry_gpus_digest_probes_secret(
     items = next(v for v in pod["volumes"] if v["name"] == "kit-launch")["configMap"]["items"]
     paths = {i["path"] for i in items}
     assert {"__main__.py", "commands/run_cmd.py", f"profiles/{name}.yaml"} <= paths
-    assert launcher["data"]["commands__run_cmd.py"] == (
+    assert launcher["data"]["launch__commands__run_cmd.py"] == (
         REPO / "launch" / "commands" / "run_cmd.py"
     ).read_text()
+    # the geometry plugin reaches the pod the way it reaches the compose service
+    plugin = next(m for m in container["volumeMounts"] if m["name"] == "kit-kvgeometry")
+    assert plugin == {"name": "kit-kvgeometry", "mountPath": "/opt/kit/kvgeometry",
+                      "readOnly": True}  # fmt: skip
+    items = next(v for v in pod["volumes"] if v["name"] == "kit-kvgeometry")["configMap"]["items"]
+    assert {i["path"] for i in items} == {"__init__.py", "report.py"}
+    plugin_source = (REPO / "kvgeometry" / "report.py").read_text()
+    assert launcher["data"]["kvgeometry__report.py"] == plugin_source
     assert container["resources"]["limits"] == {"nvidia.com/gpu": 4}
     assert container["startupProbe"]["httpGet"] == {"path": "/health", "port": 8000}
     startup = container["startupProbe"]

@@ -12,9 +12,9 @@ import time
 import pytest
 
 from smoke.__main__ import main
-from smoke.api import READY_PROMPT, REASONING_BUDGET
+from smoke.api import READY_PROMPT, REASONING_BUDGET, Server
 from tests.conftest import FIXTURE_LOGS, REPO
-from tests.standin import StandIn
+from tests.standin import MODEL, StandIn
 from tests.standin import count as count_words
 
 QWEN = FIXTURE_LOGS / "qwen35-4b-9b-compose-v0.16.1-negative-kv-engine-failed-restart.log"
@@ -327,7 +327,8 @@ def test_no_service_container_says_what_was_looked_for_and_how_to_start_it(capsy
     try:
         connect()
     except Exception as err:
-        pytest.skip(f"no Docker engine here: {err}")
+        pytest.fail(f"no Docker engine answers ({err}); the kit's tests need one: "
+                    "`python tests/e2e/services.py start --state DIR` starts it")
     assert main(["check", "--profile", "mtp3-tp4-split", "--url", "http://127.0.0.1:9"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(
@@ -347,3 +348,23 @@ def test_kv_cache_that_cannot_fit_is_the_root_cause_of_the_real_cpu_log():
         "ValueError: To serve at least one request with the model's max seq len (1048576), "
         "(2.0 GiB KV cache is needed, which is larger than the available KV cache memory"
     )
+
+
+def test_requests_stay_within_the_context_the_server_reports(capsys):
+    """A server started with --max-model-len 512 (the stand-in reports it in /v1/models and
+    refuses a larger max_tokens with vLLM's own 400): every request asks within it."""
+    with StandIn(max_model_len=512) as server:
+        code, verdict = run_check(capsys, server.url)
+        asked = [b.get("max_tokens") for b in server.chat_bodies]
+    assert code == 0, failed(verdict)
+    assert max(a for a in asked if a is not None) == 256
+
+
+def test_without_the_reported_context_the_reasoning_budget_is_refused():
+    """What the bound prevents: the 2,048-token exact-answer budget against a 512-token server."""
+    from smoke.api import check_ready_answer
+
+    with StandIn(max_model_len=512) as server:
+        check = check_ready_answer(Server(server.url, MODEL, reasoning=True))
+    assert not check.ok
+    assert "max_tokens=2048 cannot be greater than max_model_len=512" in check.seen

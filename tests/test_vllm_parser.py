@@ -24,8 +24,6 @@ from launch.vllm_vocab import (
     MAMBA_CACHE_MODES,
 )
 
-vllm = pytest.importorskip("vllm")
-
 VARIANTS = [
     ("dflash-tp4-dcp4", {}),
     ("mtp3-tp4-split", {}),

@@ -57,12 +57,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
-def launcher_files() -> dict[str, str]:
-    """The launcher package as text, path below launch/ -> content (for the k8s ConfigMap)."""
-    root = Path(__file__).resolve().parent.parent
+KIT_PACKAGES = ("launch", "kvgeometry")
+"""The packages compose mounts into an image without the kit (compose/compose.yaml)."""
+
+
+def kit_files() -> dict[str, str]:
+    """The kit's mounted packages as text, path below /opt/kit -> content (the k8s ConfigMap)."""
+    root = Path(__file__).resolve().parent.parent.parent
     return {
         str(path.relative_to(root)): path.read_text(encoding="utf-8")
-        for path in sorted(root.rglob("*"))
+        for package in KIT_PACKAGES
+        for path in sorted((root / package).rglob("*"))
         if path.suffix in (".py", ".yaml") and "__pycache__" not in path.parts
     }
 
@@ -101,6 +106,6 @@ def run(args: argparse.Namespace) -> int:
                                    local_ok=False)  # fmt: skip
         service = merged_document(plan.profile.deployment.device)["services"]["vllm"]
         docs = k8s_manifests(plan, image, router, args.replicas, service=service,
-                             kit_files=launcher_files())  # fmt: skip
+                             kit_files=kit_files())  # fmt: skip
         print(yaml.safe_dump_all(docs, sort_keys=False), end="")
     return 0

@@ -10,11 +10,13 @@ import argparse
 import os
 import shutil
 import sys
+from pathlib import Path
 
 from launch.capabilities import parse_with_vllm
 from launch.commands.common import add_profile_arguments, plan_from_args
 from launch.errors import ProfileError
 from launch.kv_offload import read_host_memory
+from launch.plugin import plugin_env, write_entry_point
 from launch.render import format_plan
 from launch.validate import check_host_memory
 
@@ -46,5 +48,9 @@ def run(args: argparse.Namespace) -> int:
             "is not on PATH",
             "install vLLM in this environment or run inside the kit's image",
         )
-    os.execve(executable, list(plan.argv), {**os.environ, **plan.env})
+    # The kit's geometry plugin (kvgeometry, beside launch/ on the kit's path) in every image.
+    kit_root = Path(__file__).resolve().parent.parent.parent
+    extra = plugin_env(os.environ, write_entry_point(), kit_root)
+    print(f"# geometry plugin: kvgeometry via {extra['PYTHONPATH']}", file=sys.stderr, flush=True)
+    os.execve(executable, list(plan.argv), {**os.environ, **plan.env, **extra})
     return 0  # pragma: no cover - execve does not return

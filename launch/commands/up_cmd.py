@@ -24,7 +24,7 @@ from launch.commands.configure_cmd import (
 from launch.commands.fetch_cmd import warn_if_missing
 from launch.image_lock import COMPOSE_DIR
 from launch.kv_offload import read_host_memory
-from launch.render import plan_header
+from launch.render import format_plan
 from launch.validate import check_host_memory
 
 NAME = "up"
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     result = configure(args, os.environ)
     check_host_memory(result.plan.profile, read_host_memory())
     argv = ["docker", "compose", *(["config"] if args.config else ["up", "--detach"])]
-    print("\n".join(plan_header(result.plan)))
+    print(format_plan(result.plan))
     print(show(result))
     print(f"cd {shlex.quote(str(COMPOSE_DIR))} && {shlex.join(argv)}", flush=True)
     if args.dry_run:

@@ -1,10 +1,13 @@
 """A lean asynchronous streaming client for OpenAI chat completions (HTTP/1.1 + SSE).
 
 The load generator must not be the bottleneck nor bias latency. Each request is one connection
-(no pool, so no cap below the concurrency), driven by an `asyncio.Protocol` that parses bytes as
-they arrive: chunked transfer framing, SSE events, and the server's own token count from
-`continuous_usage_stats` (no re-tokenizing). Arrival times are taken once per network read: all
-tokens in one read arrived together. TTFT runs from the moment the request bytes were written.
+(no pool, so no cap below the concurrency), driven by an `asyncio.Protocol` that hands the bytes
+to httptools (llhttp, the parser uvicorn uses) as they arrive: HTTP/1.1 response framing, chunked
+or not, whatever the TCP reads split. The body is split into SSE events and the server's own token
+count read from `continuous_usage_stats` (no re-tokenizing). The request is one fixed head with a
+Content-Length, written as bytes: nothing there to frame. Arrival times are taken once per
+network read: all tokens in one read arrived together. TTFT runs from the moment the request
+bytes were written.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import re
 import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
+
+import httptools
 
 _TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
 _PROMPT = re.compile(rb'"prompt_tokens":\s*(\d+)')
@@ -66,72 +71,40 @@ class StreamResult:
 
 
 class _StreamProtocol(asyncio.Protocol):
+    """The connection of one streamed request; httptools calls the `on_*` methods."""
+
     def __init__(self, result: StreamResult, finished: asyncio.Future[None]) -> None:
         self.result = result
         self.finished = finished
-        self.head = bytearray()
-        self.in_body = False
-        self.chunked = False
-        self.remaining = 0  # bytes left in the current HTTP chunk
-        self.pending = bytearray()  # undecoded framing bytes
-        self.events = bytearray()  # decoded SSE bytes not yet split into events
+        self.parser = httptools.HttpResponseParser(self)
+        self.events = bytearray()  # body bytes not yet split into SSE events
 
     def connection_lost(self, exc: Exception | None) -> None:
+        # every body byte already reached `_events`; without `[DONE]` the stream was cut
         if not self.finished.done():
             if not self.result.done and self.result.error is None:
                 self.result.error = "connection closed before [DONE]"
             self.finished.set_result(None)
 
     def data_received(self, data: bytes) -> None:
+        if self.finished.done():
+            return
         now = time.perf_counter()
-        if not self.in_body:
-            self.head += data
-            end = self.head.find(b"\r\n\r\n")
-            if end < 0:
-                if len(self.head) > READ_LIMIT:
-                    self._fail("response head too large")
-                return
-            head, data = bytes(self.head[:end]), bytes(self.head[end + 4 :])
-            self.in_body = True
-            status_line, _, headers = head.partition(b"\r\n")
-            try:
-                self.result.status = int(status_line.split(b" ", 2)[1])
-            except (IndexError, ValueError):
-                self._fail(f"bad status line {status_line[:40]!r}")
-                return
-            self.chunked = b"transfer-encoding: chunked" in headers.lower()
-            if self.result.status != 200:
-                self._fail(f"HTTP {self.result.status}")
-                return
-        self._feed(data, now)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as err:
+            self._fail(f"HTTP framing: {err}")
+            return
+        if self.result.status == 200:
+            self._events(now)
 
-    def _feed(self, data: bytes, now: float) -> None:
-        if self.chunked:
-            self.pending += data
-            buf = self.pending
-            pos = 0
-            while True:
-                if self.remaining:
-                    take = min(self.remaining, len(buf) - pos)
-                    self.events += buf[pos : pos + take]
-                    pos += take
-                    self.remaining -= take
-                    if self.remaining:
-                        break
-                    pos += 2  # the CRLF after a chunk
-                    continue
-                eol = buf.find(b"\r\n", pos)
-                if eol < 0:
-                    break
-                size = int(buf[pos:eol].split(b";", 1)[0] or b"0", 16)
-                pos = eol + 2
-                if size == 0:
-                    break
-                self.remaining = size
-            del buf[: min(pos, len(buf))]
-        else:
-            self.events += data
-        self._events(now)
+    def on_headers_complete(self) -> None:
+        self.result.status = self.parser.get_status_code()
+        if self.result.status != 200:
+            self._fail(f"HTTP {self.result.status}")
+
+    def on_body(self, body: bytes) -> None:
+        self.events += body
 
     def _events(self, now: float) -> None:
         buf = self.events
@@ -199,6 +172,17 @@ async def stream_chat(
     return result
 
 
+class _Response:
+    """A whole response as httptools parses it (status, body)."""
+
+    def __init__(self) -> None:
+        self.body = bytearray()
+        self.parser = httptools.HttpResponseParser(self)
+
+    def on_body(self, body: bytes) -> None:
+        self.body += body
+
+
 async def request_json(target: Target, method: str, path: str, body: object | None = None,
                        *, timeout: float = 60.0) -> tuple[int, object]:  # fmt: skip
     """A small non-streaming request; (status, decoded JSON or text)."""
@@ -211,25 +195,10 @@ async def request_json(target: Target, method: str, path: str, body: object | No
         raw = await asyncio.wait_for(reader.read(), timeout)
     finally:
         writer.close()
-    head, _, body_bytes = raw.partition(b"\r\n\r\n")
-    status = int(head.split(b" ", 2)[1])
-    if b"transfer-encoding: chunked" in head.lower():
-        body_bytes = _dechunk(body_bytes)
-    text = body_bytes.decode("utf-8", "replace")
+    response = _Response()
+    response.parser.feed_data(raw)
+    text = bytes(response.body).decode("utf-8", "replace")
     try:
-        return status, json.loads(text)
+        return response.parser.get_status_code(), json.loads(text)
     except ValueError:
-        return status, text
-
-
-def _dechunk(data: bytes) -> bytes:
-    out, pos = bytearray(), 0
-    while True:
-        eol = data.find(b"\r\n", pos)
-        if eol < 0:
-            return bytes(out)
-        size = int(data[pos:eol].split(b";", 1)[0] or b"0", 16)
-        if size == 0:
-            return bytes(out)
-        out += data[eol + 2 : eol + 2 + size]
-        pos = eol + 2 + size + 2
+        return response.parser.get_status_code(), text

