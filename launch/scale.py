@@ -141,7 +141,8 @@ def kit_configmap(name: str, files: dict[str, str]) -> tuple[dict[str, Any], dic
 def kit_mounts(service: dict[str, Any]) -> list[str]:
     """The kit package paths the compose service mounts read-only (`../X:/opt/kit/X:ro`)."""
     targets = (str(v).rsplit(":", 2) for v in service.get("volumes", []))
-    return [t[1] for t in targets if len(t) == 3 and t[2] == "ro" and t[1].startswith(KIT_ROOT)]
+    under = f"{KIT_ROOT}/"
+    return [t[1] for t in targets if len(t) == 3 and t[2] == "ro" and t[1].startswith(under)]
 
 
 def k8s_manifests(plan: Plan, image: str, router_image: str | None, replicas: int, *,
