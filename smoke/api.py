@@ -172,15 +172,23 @@ def _usage(data: dict[str, Any]) -> tuple[int, int, int]:
     return p, c, t
 
 
+def _models(server: Server) -> list[dict[str, Any]]:
+    """The model cards `/v1/models` lists (raises CheckFailed or a requests error)."""
+    data = _json(
+        requests.get(server.url("/v1/models"), headers=server.headers(),
+                     timeout=(5, server.timeout))
+    )  # fmt: skip
+    return [m for m in data.get("data", []) if isinstance(m, dict)]
+
+
 def served_context(server: Server) -> int | None:
     """`max_model_len` of the served model in `/v1/models` (vLLM reports it), or None."""
     try:
-        data = _json(requests.get(server.url("/v1/models"), headers=server.headers(),
-                                  timeout=(5, server.timeout)))  # fmt: skip
+        models = _models(server)
     except (CheckFailed, requests.RequestException):
         return None
-    for model in data.get("data", []):
-        if isinstance(model, dict) and model.get("id") == server.model_id:
+    for model in models:
+        if model.get("id") == server.model_id:
             value = model.get("max_model_len")
             return value if isinstance(value, int) and value > 0 else None
     return None
@@ -188,12 +196,7 @@ def served_context(server: Server) -> int | None:
 
 def check_model_id(server: Server) -> Check:
     def body() -> str:
-        data = _json(
-            requests.get(
-                server.url("/v1/models"), headers=server.headers(), timeout=(5, server.timeout)
-            )
-        )
-        ids = [m.get("id") for m in data.get("data", []) if isinstance(m, dict)]
+        ids = [m.get("id") for m in _models(server)]
         if server.model_id not in ids:
             raise CheckFailed(f"served ids {ids}")
         return server.model_id
