@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kvgeometry.report import PREFIX
+from kvgeometry.report import PREFIX, UNKNOWN
 from launch.kv_offload import CONNECTORS, OFF, region_bytes
 from launch.profile import Profile
 
@@ -159,13 +159,13 @@ def agreement_checks(facts: dict[str, Any]) -> list[Check]:
         pairs.append(
             ("DFlash draft layers / groups",
              f"{facts['draft_groups']['layers']} / {facts['draft_groups']['groups']}",
-             f"{sum(g['layers'] for g in draft)} / {len({g['group'] for g in draft})}")
+             f"{geometry['layers'].get('draft', 0)} / {len({g['group'] for g in draft})}")
         )  # fmt: skip
     return [
         Check(
             f"log: geometry agrees with vLLM ({what})",
             f"vLLM's line: {runtime}",
-            f"plugin: {'unknown' if plugin is None else plugin}",
+            f"plugin: {UNKNOWN if plugin is None else plugin}",
             runtime == plugin,
         )
         for what, runtime, plugin in pairs
