@@ -229,8 +229,9 @@ def main(argv: list[str] | None = None) -> int:
             if not any(inputs.iterdir()):
                 return subprocess.run(argv_build, env=env, check=False).returncode
             with served(inputs) as url:
-                print(f"build inputs served at {url} for this build only", flush=True)
                 argv_served = build_argv(args.engine, tag, base, commit, lock_sha, url)
+                print(f"build inputs served at {url} for this build only:\n"
+                      f"{shlex.join(argv_served)}", flush=True)  # fmt: skip
                 return subprocess.run(argv_served, env=env, check=False).returncode
     except ProfileError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -36,8 +36,9 @@ from typing import IO
 import requests
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "docker")]
 
+from build import HOST_CA_DIR  # noqa: E402  (docker/build.py: what --trust-host-ca stages)
 from launch.compose_env import ENV_PATH  # noqa: E402
 from launch.docker_api import bridge_address, connect  # noqa: E402
 from launch.image_lock import COMPOSE_DIR, LOCK_PATH, read_lock  # noqa: E402
@@ -257,7 +258,6 @@ def step_build(run: Run) -> str:
     )
 
 
-HOST_CA_DIR = Path("/usr/local/share/ca-certificates")
 INPUT_MARKS = (".whl", "build-inputs", "usr/local/share/ca-certificates/")
 """Paths a per-build input would leave in a layer: a wheel, the old inputs directory, a trusted
 extra certificate."""
