@@ -36,9 +36,8 @@ from typing import IO
 import requests
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO), str(REPO / "docker")]
+sys.path.insert(0, str(REPO))
 
-from build import HOST_CA_DIR  # noqa: E402  (docker/build.py: what --trust-host-ca stages)
 from launch.compose_env import ENV_PATH  # noqa: E402
 from launch.docker_api import bridge_address, connect  # noqa: E402
 from launch.image_lock import COMPOSE_DIR, LOCK_PATH, read_lock  # noqa: E402
@@ -258,6 +257,8 @@ def step_build(run: Run) -> str:
     )
 
 
+HOST_CA_DIR = Path("/usr/local/share/ca-certificates")
+"""Where the host's extra CAs are, which docker/build.py --trust-host-ca serves to a build."""
 INPUT_MARKS = (".whl", "build-inputs", "usr/local/share/ca-certificates/")
 """Paths a per-build input would leave in a layer: a wheel, the old inputs directory, a trusted
 extra certificate."""
