@@ -13,7 +13,7 @@ CPU_ENV := VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1
 PRISTINE_VLLM = $(shell $(TEST_PY) -c 'import importlib.util as u; print(u.find_spec("vllm").submodule_search_locations[0])')
 PATCHED := $(TEST_VENV)/vllm-patched
 
-.PHONY: help test lint plan configure fetch up down logs pin build build-cpu smoke bench compare \
+.PHONY: help test lint plan configure doctor fetch up down logs pin build build-cpu smoke bench compare \
 	bench-client patched-vllm patches-report lock e2e
 
 help:
@@ -21,6 +21,7 @@ help:
 	@echo "make plan PROFILE=name    print the exact command and environment a profile runs"
 	@echo "make configure PROFILE=name   write compose/.env, then plain docker compose runs it"
 	@echo "make fetch PROFILE=name   download and verify the profile's weights into the cache volume"
+	@echo "make doctor PROFILE=name  check this host (driver, GPUs, IOMMU/ACS, disk...) first"
 	@echo "make up PROFILE=name      configure, then docker compose up -d"
 	@echo "make down / make logs     stop / follow what compose/.env runs"
 	@echo "make e2e                  the whole user path on the CPU image, no GPU (Docker needed)"
@@ -79,6 +80,13 @@ configure: $(KIT_STAMP)
 fetch: $(KIT_STAMP)
 	@test -n "$(PROFILE)" || { echo "usage: make fetch PROFILE=<name> [CHECK=1]"; exit 2; }
 	$(KIT_PY) -m launch fetch $(PROFILE) $(if $(CHECK),--check)
+
+# The host against the profile before `make up` (driver, GPUs, container toolkit, IOMMU and ACS,
+# topology, memory, disk, port, HF_TOKEN); exit 2 on any fail. DOCTOR_ARGS e.g. "--lspci FILE".
+DOCTOR_ARGS ?=
+doctor: $(KIT_STAMP)
+	@test -n "$(PROFILE)" || { echo "usage: make doctor PROFILE=<name> [DOCTOR_ARGS=...]"; exit 2; }
+	$(KIT_PY) -m launch doctor $(PROFILE) $(DOCTOR_ARGS)
 
 up: $(KIT_STAMP)
 	@test -n "$(PROFILE)" || { echo "usage: make up PROFILE=<name>"; exit 2; }

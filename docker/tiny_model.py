@@ -33,10 +33,6 @@ CHAT_TEMPLATE = (
 """GLM-4.x's shape: tools named in a system turn, and `enable_thinking=false` closes an empty
 think block so the model answers at once."""
 SPECIAL = ["<|end|>", "<|pad|>", "<|system|>", "<|user|>", "<|assistant|>"]
-MARKUP = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>",
-          "<arg_value>", "</arg_value>"]  # fmt: skip
-"""GLM's reasoning and tool-call tags: single tokens, kept in decoded text (not special), as
-vLLM's GLM parsers read them."""
 EOS = "<|end|>"
 SEED = 20261201
 TRAINED_LAYERS = 2
@@ -107,9 +103,12 @@ def conversations() -> list[Conversation]:
     """What the model must reproduce under greedy decoding."""
     from smoke.agent_api import STRUCTURED_PROMPT, TOOL_CITY, TOOL_PROMPT, WEATHER_TOOL
     from smoke.api import LENGTH_PROMPT, READY_PROMPT
+    from smoke.tool_edges import TIME_PROMPT, TIME_TOOL
 
     call = (f"<tool_call>{WEATHER_TOOL['function']['name']}<arg_key>city</arg_key>"
             f"<arg_value>{TOOL_CITY}</arg_value></tool_call>")  # fmt: skip
+    # a call without arguments: the name alone between the tags (glm47's format)
+    bare_call = f"<tool_call>{TIME_TOOL['function']['name']}</tool_call>"
     return [
         Conversation(READY_PROMPT, "READY", thinking=False),
         Conversation(READY_PROMPT, "<think>One word is asked for.</think>READY"),
@@ -119,12 +118,19 @@ def conversations() -> list[Conversation]:
         Conversation(
             TOOL_PROMPT, "<think>The weather needs the tool.</think>" + call, tools=(WEATHER_TOOL,)
         ),
+        Conversation(
+            TIME_PROMPT, "<think>The time needs the tool.</think>" + bare_call, tools=(TIME_TOOL,)
+        ),
         Conversation(STRUCTURED_PROMPT, '{"answer": "READY"}', thinking=False),
     ]
 
 
 def train_tokenizer(texts: list[str]):  # -> tokenizers.Tokenizer
+    """Byte-level BPE on the conversations; GLM's reasoning and tool-call tags are single tokens
+    kept in decoded text (not special), as vLLM's GLM parsers read them."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from smoke.tool_edges import GLM_MARKUP
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -136,11 +142,11 @@ def train_tokenizer(texts: list[str]):  # -> tokenizers.Tokenizer
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKUP])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in GLM_MARKUP])
     return tok
 
 
-def build(out: Path, steps: int = 400) -> None:
+def build(out: Path, steps: int = 800) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -260,7 +266,7 @@ def check(model, tokenizer, pairs: list[Conversation]) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--steps", type=int, default=800)
     args = parser.parse_args()
     build(args.out, args.steps)
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from launch.commands import (
     configure_cmd,
+    doctor_cmd,
     fetch_cmd,
     list_cmd,
     pin_cmd,
@@ -17,7 +18,8 @@ from launch.commands import (
 )
 from launch.errors import USAGE_EXIT, ProfileError
 
-COMMANDS = (list_cmd, render_cmd, run_cmd, configure_cmd, fetch_cmd, up_cmd, pin_cmd)
+COMMANDS = (list_cmd, render_cmd, doctor_cmd, run_cmd, configure_cmd, fetch_cmd, up_cmd,
+            pin_cmd)  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

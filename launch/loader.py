@@ -83,6 +83,7 @@ EXPECT_DEPENDS: dict[str, tuple[str, ...]] = {
         "engine.speculative_config.attention_backend",
         "features.b12x_pcie_allreduce",
     ),
+    "spec_acceptance_length_min": ("engine.model", "engine.speculative_config"),
 }
 
 

@@ -171,6 +171,9 @@ class Expect:
     cudagraph_mode: str | None = None
     decode_graph_max_batch: int | None = None
     backends: tuple[str, ...] = ()
+    spec_acceptance_length_min: float | None = None
+    """Floor of the mean acceptance length (1 + accepted / drafts, from vLLM's counters) over
+    the smoke's short greedy generation; None: the length is reported, not judged."""
     sources: dict[str, str] = field(default_factory=dict)
 
     def set_fields(self) -> list[str]:

@@ -370,6 +370,20 @@ def check_expectations(p: Profile) -> None:
             "reports concurrency for",
             "state the floor for max_model_len tokens",
         )
+    if x.spec_acceptance_length_min is not None and p.engine.speculative_config is None:
+        raise ProfileError(
+            "expect.spec_acceptance_length_min",
+            x.spec_acceptance_length_min,
+            "an acceptance floor for a profile that does not speculate",
+            "remove it, or set engine.speculative_config",
+        )
+    if x.spec_acceptance_length_min is not None and x.spec_acceptance_length_min < 1.0:
+        raise ProfileError(
+            "expect.spec_acceptance_length_min",
+            x.spec_acceptance_length_min,
+            "is below 1.0; every draft round yields at least the target's own token",
+            "state the mean acceptance length (1 + accepted / drafts), e.g. 2.1",
+        )
 
 
 def check_smoke(p: Profile) -> None:

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from launch.profile import Profile
 
 MISSING_EXIT = 1
+NOT_FETCHED = "not fetched: "
+"""How `check` starts each line it reports missing (what `launch up` reads back)."""
 RECORD_DIR = "kit-verified"
 """Under HF_HOME, beside huggingface_hub's `hub/` cache: one JSON record per verified revision."""
 
@@ -208,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.action == "check":
             missing = [m for m in (check(r, home) for r in repos) if m is not None]
             for line in missing:
-                print(f"not fetched: {line}", flush=True)
+                print(f"{NOT_FETCHED}{line}", flush=True)
             if not missing:
                 print(f"fetched and verified: {', '.join(r.repo_id for r in repos)}", flush=True)
             return MISSING_EXIT if missing else 0

@@ -22,10 +22,8 @@ from typing import Any
 
 import requests
 
-from launch.profile import Profile
 from smoke.api import (
     READY_PROMPT,
-    REASONING_FIELDS,
     CheckFailed,
     Server,
     _choice,
@@ -33,8 +31,9 @@ from smoke.api import (
     _json,
     _post_json,
     _stream_chunks,
+    reasoning_of,
 )
-from smoke.verdict import Check, skipped
+from smoke.verdict import Check
 
 TOOL_PROMPT = "What is the weather in Paris right now?"
 TOOL_CITY = "Paris"
@@ -89,10 +88,6 @@ def _message(data: dict[str, Any]) -> dict[str, Any]:
     return _choice(data).get("message") or {}
 
 
-def _reasoning(message: dict[str, Any]) -> str | None:
-    return next((message[k] for k in REASONING_FIELDS if message.get(k)), None)
-
-
 def check_reasoning(server: Server) -> Check:
     def body() -> str:
         data = _json(_post_json(server, {
@@ -100,7 +95,7 @@ def check_reasoning(server: Server) -> Check:
             "max_tokens": server.answer_budget(16),
         }))  # fmt: skip
         message = _message(data)
-        thought, content = _reasoning(message), message.get("content")
+        thought, content = reasoning_of(message), message.get("content")
         if not thought:
             raise CheckFailed(f"no reasoning returned; content {content!r}")
         if not isinstance(content, str) or content.strip() != "READY":
@@ -255,9 +250,29 @@ def count_tokens(server: Server, messages: list[dict[str, Any]]) -> int:
     return int(data["count"])
 
 
+Messages = list[dict[str, Any]]
+
+
+def fewest_reaching(
+    server: Server, tokens: int, messages: Callable[[int], Messages]
+) -> tuple[int, int]:
+    """The fewest filler sentences n for which `messages(n)` counts at least `tokens` by the
+    server's tokenizer (doubling, then bisection), and that count."""
+    lo, hi = 0, 1
+    while (count := count_tokens(server, messages(hi))) < tokens:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if (mid_count := count_tokens(server, messages(mid))) >= tokens:
+            hi, count = mid, mid_count
+        else:
+            lo = mid
+    return hi, count
+
+
 def needle_prompt(server: Server, tokens: int, depth: float) -> list[dict[str, Any]]:
     """Messages of exactly `tokens` tokens: filler with the needle at `depth`, then the question.
-    Whole filler sentences by binary search, then single words to close the gap."""
+    Whole filler sentences up to the budget, then single words to close the gap."""
 
     def messages(filler: str) -> list[dict[str, Any]]:
         cut = int(len(filler) * depth)
@@ -265,14 +280,10 @@ def needle_prompt(server: Server, tokens: int, depth: float) -> list[dict[str, A
         text = f"{filler[:cut]}{NEEDLE_SENTENCE} {filler[cut:]}\n\n{NEEDLE_QUESTION}"
         return [{"role": "user", "content": text}]
 
-    lo, hi = 0, max(tokens // 8, 1)
-    while lo < hi:  # most whole sentences that stay within the budget
-        mid = (lo + hi + 1) // 2
-        if count_tokens(server, messages(FILLER * mid)) <= tokens:
-            lo = mid
-        else:
-            hi = mid - 1
-    filler = FILLER * lo
+    n, count = fewest_reaching(server, tokens, lambda n: messages(FILLER * n))
+    if count == tokens:
+        return messages(FILLER * n)
+    filler = FILLER * (n - 1)  # the most whole sentences below the budget
     words = FILLER.split()
     for i in range(len(words) * 4):
         count = count_tokens(server, messages(filler))
@@ -299,43 +310,3 @@ def check_long_context(server: Server, tokens: int, depth: float) -> Check:
         return f"{NEEDLE} back from {tokens:,} tokens"
 
     return _guard(f"api: needle in {tokens:,} tokens", f"{NEEDLE} at depth {depth:g}", body)
-
-
-def agent_checks(profile: Profile, concurrency: int = DEFAULT_CONCURRENCY,
-                 context_tokens: int | None = None
-                 ) -> list[tuple[str, Callable[[Server], Check] | str]]:  # fmt: skip
-    """(check name, the check, or why it does not apply to this profile)."""
-    e, sm = profile.engine, profile.smoke
-    tokens = context_tokens or sm.context_tokens
-    tools = (None if e.tool_call_parser and e.enable_auto_tool_choice
-             else "the profile sets no tool-call parser with auto tool choice")  # fmt: skip
-    return [
-        ("api: reasoning separated",
-         check_reasoning if e.reasoning_parser else "the profile sets no reasoning parser"),
-        ("api: tool call", tools or check_tool_call),
-        ("api: streamed tool call", tools or check_tool_call_stream),
-        ("api: structured output", check_structured_output),
-        (f"api: {concurrency} concurrent answers",
-         lambda server: check_concurrency(server, concurrency)),
-        ("api: vision", check_vision if sm.vision else "the profile's model takes no images"),
-        (f"api: needle in {tokens:,} tokens" if tokens else "api: needle in a long prompt",
-         (lambda server: check_long_context(server, tokens, sm.needle_depth)) if tokens
-         else "the profile states no long-context check (smoke.context_tokens)"),
-    ]  # fmt: skip
-
-
-CHECK_KEYS = ("reasoning", "tool", "structured", "concurrent", "vision", "needle")
-"""What `--only` / `--skip` take: a key matches every check whose name contains it."""
-
-
-def run_agent_checks(server: Server, profile: Profile, concurrency: int = DEFAULT_CONCURRENCY,
-                     context_tokens: int | None = None, only: tuple[str, ...] = (),
-                     skip: tuple[str, ...] = ()) -> list[Check]:  # fmt: skip
-    out = []
-    for name, check in agent_checks(profile, concurrency, context_tokens):
-        if only and not any(key in name for key in only):
-            check = "not in --only"
-        elif any(key in name for key in skip):
-            check = "--skip"
-        out.append(skipped(name, check) if isinstance(check, str) else check(server))
-    return out

@@ -124,7 +124,7 @@ def _sse_chunks(server: Server, response: requests.Response) -> Iterator[dict[st
     stream that ends without [DONE] raises `StreamCut`."""
     deadline = time.monotonic() + server.timeout
     if response.status_code != 200:
-        raise CheckFailed(f"HTTP {response.status_code}")
+        raise CheckFailed(f"HTTP {response.status_code}: {response.text[:120]!r}")
     try:
         for raw in response.iter_lines(chunk_size=None, decode_unicode=False):
             if time.monotonic() > deadline:
@@ -159,6 +159,11 @@ def _choice(data: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise CheckFailed(f"no choices in response: {json.dumps(data)[:100]}")
     return choices[0]
+
+
+def reasoning_of(message: dict[str, Any]) -> str | None:
+    """The separated thinking of a message or delta, under whichever field the server uses."""
+    return next((message[k] for k in REASONING_FIELDS if message.get(k)), None)
 
 
 def _usage(data: dict[str, Any]) -> tuple[int, int, int]:
@@ -262,10 +267,3 @@ def check_stream(server: Server) -> Check:
         return f"{len(arrivals)} text chunks, then [DONE]"
 
     return _guard("api: streaming SSE", "incremental chunks ending in [DONE]", body)
-
-
-API_CHECKS = (check_model_id, check_ready_answer, check_stream, check_length_limit, check_usage)
-
-
-def run_api_checks(server: Server) -> list[Check]:
-    return [check(server) for check in API_CHECKS]

@@ -16,10 +16,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from launch.commands.common import add_set_argument, build_plan
+from launch.cli_args import add_set_argument
 from launch.compose_env import default_url, user_settings
 from launch.errors import ProfileError
 from launch.image_lock import PIN_KEYS, read_lock, resolve_image
+from launch.plan import build_plan
 from smoke.bench import receipt as receipts
 from smoke.bench.cells import (
     BenchError,

@@ -13,11 +13,13 @@ import os
 import sys
 from pathlib import Path
 
-from launch.commands.common import add_set_argument, build_plan
+from launch.cli_args import add_set_argument
 from launch.compose_env import default_url, user_settings
 from launch.errors import ProfileError
-from smoke.agent_api import CHECK_KEYS, DEFAULT_CONCURRENCY, run_agent_checks
-from smoke.api import Server, run_api_checks, served_context
+from launch.plan import build_plan
+from smoke.agent_api import DEFAULT_CONCURRENCY
+from smoke.api import Server, served_context
+from smoke.checks import CHECK_KEYS, Context, run_request_checks
 from smoke.containers import ContainerLogs, connect, find_service_containers
 from smoke.logparse import LogParser
 from smoke.ready import LogSource, LogTail, settle_log, wait_ready
@@ -80,6 +82,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
+def engine_hash_block(facts: dict) -> int | None:
+    """The prefix-cache hash block the engine's geometry line reports, if it has been read."""
+    value = (facts.get("kv_geometry") or {}).get("hash_block")
+    return value if isinstance(value, int) and value > 0 else None
+
+
 def run(args: argparse.Namespace) -> int:
     if not args.profile:
         raise ProfileError("--profile", None, "no profile given", "pass --profile or set PROFILE")
@@ -124,9 +132,9 @@ def run(args: argparse.Namespace) -> int:
     checks = [wait_ready(server, args.timeout, tail, progress, service=args.service)]
     if checks[0].ok:
         server = dataclasses.replace(server, max_model_len=served_context(server))
-        checks += run_api_checks(server)
-        checks += run_agent_checks(server, profile, args.concurrency, args.context_tokens,
-                                   tuple(args.only), tuple(args.skip))  # fmt: skip
+        ctx = Context(server, profile, args.concurrency, args.context_tokens,
+                      hash_block=engine_hash_block(parser.result(args.service)))  # fmt: skip
+        checks += run_request_checks(ctx, tuple(args.only), tuple(args.skip))
     if args.log == "-":
         for line in sys.stdin:
             parser.feed(line)

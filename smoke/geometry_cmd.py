@@ -8,9 +8,10 @@ import os
 import sys
 from pathlib import Path
 
-from launch.commands.common import add_set_argument, build_plan
+from launch.cli_args import add_set_argument
 from launch.compose_env import user_settings
 from launch.errors import ProfileError
+from launch.plan import build_plan
 from smoke.logparse import parse_lines
 from smoke.verdict import exit_status, format_table, geometry_checks, to_json
 

@@ -6,10 +6,19 @@ It is never shipped as the kit's server. Faults: `http500`, `hang` (never answer
 max_tokens), and the ones the agent-API checks must catch: `leak_thinking` (the thinking stays in
 `content`), `no_tool_calls` (a tool request answered as text), `bad_json` (structured output that
 is not JSON), `one_wrong` (every fifth direct READY answer is wrong), `wrong_needle` (answers
-another code than the one planted), `blind` (names the wrong colour). Healthy, it answers as a
+another code than the one planted), `blind` (names the wrong colour), and the GLM breakages users
+reported: `drop_noarg_stream` (a streamed zero-argument call is dropped, vllm-project/vllm#44326),
+`dup_no_tools_stream` (a no-tools stream repeats a content fragment, local-inference-lab/vllm#29),
+`markup_in_reasoning` (the call is parsed but its markup stays in the reasoning,
+vllm-project/vllm#46040), `no_prefix_hits` (prefix caching silently dead,
+local-inference-lab/vllm#545), `low_acceptance` (drafts accepted at a collapsed rate,
+local-inference-lab/vllm#513). Healthy, it answers as a
 GLM server with reasoning and tool parsers does (`reasoning`, `tool_calls`, streamed deltas),
 reads a planted needle back, and counts tokens as one per word plus the template's 8
-(`/tokenize` and usage agree).
+(`/tokenize` and usage agree). Its `/metrics` are vLLM's counter names written by
+prometheus_client (what vLLM exposes them with): prefix-cache queries and hits (a repeated prompt
+hits all its full 16-token blocks but the last token's) and, with `spec_length`, the speculative
+draft/accepted counters at that mean acceptance length.
 """
 
 from __future__ import annotations
@@ -20,6 +29,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 MODEL = "GLM-5.3-Flash"
 """The GLM profiles' served model name (what /v1/models reports)."""
@@ -34,6 +45,11 @@ def count(messages: list[dict[str, Any]]) -> int:
     text = " ".join(str(m.get("content", "")) for m in messages)
     return TEMPLATE_TOKENS + len(text.split())
 CALL_ARGS = ['{"city": ', '"Paris"}']
+WEATHER_MARKUP = ("<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
+                  "</tool_call>")
+BLOCK = 16
+"""The stand-in's prefix-cache block (vLLM's default on CUDA)."""
+LABELS = {"engine": "0", "model_name": MODEL}
 
 
 class StandIn(ThreadingHTTPServer):
@@ -41,7 +57,7 @@ class StandIn(ThreadingHTTPServer):
 
     def __init__(
         self, fault: str | None = None, late_seconds: float = 0.0, model: str = MODEL,
-        max_model_len: int = 8192,
+        max_model_len: int = 8192, spec_length: float | None = 2.4,
     ) -> None:
         super().__init__(("127.0.0.1", 0), Handler)
         self.fault = fault
@@ -52,7 +68,33 @@ class StandIn(ThreadingHTTPServer):
         self.chat_requests = 0
         self.chat_bodies: list[dict[str, Any]] = []
         self.direct_ready = 0
+        self.seen_prompts: set[str] = set()
+        self.spec_length = (1.9 if fault == "low_acceptance" else spec_length)
+        self.registry = CollectorRegistry()
+        names = {"queries": "vllm:prefix_cache_queries", "hits": "vllm:prefix_cache_hits"}
+        if self.spec_length is not None:
+            names |= {"drafts": "vllm:spec_decode_num_drafts",
+                      "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+                      "accepted": "vllm:spec_decode_num_accepted_tokens"}  # fmt: skip
+        self.counters = {key: Counter(name, name, list(LABELS), registry=self.registry)
+                         for key, name in names.items()}  # fmt: skip
+        for counter in self.counters.values():  # vLLM creates each engine's series at start
+            counter.labels(**LABELS)
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)
+
+    def account(self, request: dict[str, Any]) -> None:
+        """What a vLLM engine would count for this request: prefix lookups and hits, and (when
+        speculating) ten draft rounds of three tokens at `spec_length`."""
+        text = json.dumps(request.get("messages"))
+        prompt = count(request.get("messages") or [])
+        self.counters["queries"].labels(**LABELS).inc(prompt)
+        if text in self.seen_prompts and self.fault != "no_prefix_hits":
+            self.counters["hits"].labels(**LABELS).inc((prompt - 1) // BLOCK * BLOCK)
+        self.seen_prompts.add(text)
+        if self.spec_length is not None:
+            self.counters["drafts"].labels(**LABELS).inc(10)
+            self.counters["draft_tokens"].labels(**LABELS).inc(30)
+            self.counters["accepted"].labels(**LABELS).inc(round(10 * (self.spec_length - 1)))
 
     @property
     def url(self) -> str:
@@ -92,6 +134,8 @@ class Handler(BaseHTTPRequestHandler):
             body = {"object": "list", "data": [{"id": self.server.model, "object": "model",
                                                 "max_model_len": self.server.max_model_len}]}
             self._send(200, json.dumps(body).encode())
+        elif self.path == "/metrics":
+            self._send(200, generate_latest(self.server.registry), "text/plain; version=0.0.4")
         else:
             self._send(404, b"{}")
 
@@ -103,6 +147,7 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, json.dumps({"count": count(request["messages"])}).encode())
             return
         self.server.chat_bodies.append(request)
+        self.server.account(request)
         asked, context = request.get("max_tokens"), self.server.max_model_len
         if isinstance(asked, int) and asked > context:
             # vLLM's own refusal (vllm/renderers/params.py in 0.33.0), as a real server with
@@ -141,9 +186,12 @@ class Handler(BaseHTTPRequestHandler):
         message: dict[str, Any] = {"role": "assistant", "content": "".join(tokens)}
         thinking = (request.get("chat_template_kwargs") or {}).get("enable_thinking", True)
         if request.get("tools") and fault != "no_tool_calls":
-            message = {"role": "assistant", "content": None, "reasoning": THOUGHT,
+            name, args = tool_and_arguments(request)
+            markup = fault == "markup_in_reasoning" and name == "get_weather"
+            thought = THOUGHT + (WEATHER_MARKUP if markup else "")
+            message = {"role": "assistant", "content": None, "reasoning": thought,
                        "tool_calls": [{"id": "call-0", "type": "function", "function": {
-                           "name": "get_weather", "arguments": "".join(CALL_ARGS)}}]}  # fmt: skip
+                           "name": name, "arguments": args}}]}  # fmt: skip
         elif request.get("response_format"):
             message["content"] = '{"answer": READY' if fault == "bad_json" else (
                 '{"answer": "READY"}')  # fmt: skip
@@ -190,15 +238,30 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Connection", "close")
         self.end_headers()
+        fault = self.server.fault
         tokens = WORDS[: request.get("max_tokens") or 16]
         deltas: list[dict[str, Any]] = [{"content": token} for token in tokens]
-        if request.get("tools") and self.server.fault != "no_tool_calls":
+        thinking = (request.get("chat_template_kwargs") or {}).get("enable_thinking", True)
+        if request.get("tools") and fault != "no_tool_calls":
+            name, args = tool_and_arguments(request)
+            markup = fault == "markup_in_reasoning" and name == "get_weather"
+            thought = THOUGHT + (WEATHER_MARKUP if markup else "")
             first = {"index": 0, "id": "call-0", "type": "function",
-                     "function": {"name": "get_weather", "arguments": ""}}  # fmt: skip
-            deltas = [{"reasoning": THOUGHT}, {"tool_calls": [first]}] + [
+                     "function": {"name": name, "arguments": "" if args != "{}" else args}}
+            pieces = CALL_ARGS if args != "{}" else []
+            deltas = [{"reasoning": thought}, {"tool_calls": [first]}] + [
                 {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
-                for piece in CALL_ARGS
-            ]
+                for piece in pieces
+            ]  # fmt: skip
+            if name == "get_time" and fault == "drop_noarg_stream":
+                deltas = [{"reasoning": thought}]
+        elif "READY" in request["messages"][-1]["content"]:
+            tokens = ["RE", "ADY"]
+            deltas = [{"content": token} for token in tokens]
+            if fault == "dup_no_tools_stream":
+                deltas.insert(1, {"content": "RE"})
+            if thinking:
+                deltas.insert(0, {"reasoning": THOUGHT})
         for i, delta in enumerate(deltas):
             if self.server.fault == "cut_stream" and i == 3:
                 self.wfile.flush()
@@ -219,3 +282,9 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
         self.wfile.flush()
         self.close_connection = True
+
+
+def tool_and_arguments(request: dict[str, Any]) -> tuple[str, str]:
+    """The call the stand-in makes for a tool request: get_weather(city) or get_time()."""
+    name = request["tools"][0]["function"]["name"]
+    return name, "{}" if name == "get_time" else "".join(CALL_ARGS)

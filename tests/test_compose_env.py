@@ -58,7 +58,7 @@ def test_secrets_and_build_leftovers_stay_out_of_git_and_the_build_context():
 def test_env_values_are_read_as_compose_reads_them(tmp_path):
     """Quotes (which Compose strips) and an inline comment (which Compose drops): the kit reads
     the same values as the real Compose binary, and a quoted integer override is accepted."""
-    from launch.commands.common import build_plan
+    from launch.plan import build_plan
 
     env = tmp_path / ".env"
     env.write_text('MAX_NUM_SEQS="16"\nHF_TOKEN=hf_x # my token\n')

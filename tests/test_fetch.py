@@ -196,3 +196,46 @@ def test_a_profile_serving_a_directory_has_nothing_to_fetch() -> None:
     done = launch("fetch", "cpu-tiny")
     assert done.returncode == 0
     assert "a directory in its image: nothing to fetch" in done.stdout
+
+
+@pytest.fixture
+def own_compose_env():
+    """compose/.env moved aside for the test and put back (the test writes its own)."""
+    from launch.compose_env import ENV_PATH
+
+    saved = ENV_PATH.read_bytes() if ENV_PATH.exists() else None
+    try:
+        yield ENV_PATH
+    finally:
+        if saved is None:
+            ENV_PATH.unlink(missing_ok=True)
+        else:
+            ENV_PATH.write_bytes(saved)
+
+
+UNPULLABLE = "127.0.0.1:9/glm53/nothing@sha256:" + "0" * 64
+"""A digest reference no registry serves (nothing listens on port 9): compose cannot pull it."""
+
+
+def test_a_check_that_could_not_run_is_not_reported_as_missing_weights(own_compose_env, capsys):
+    """Against the real Docker engine and compose: the profile's image cannot be pulled, so the
+    fetch service never ran. `up`'s pre-check says it could not check (before, it printed an
+    empty `warning:` and then claimed the weights were missing); `fetch --check` exits 2."""
+    import argparse
+
+    from launch.commands import fetch_cmd
+    from launch.commands.configure_cmd import configure, write
+
+    parser = argparse.ArgumentParser()
+    fetch_cmd.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["fetch", "mtp3-tp4-split"])
+    result = configure(args, {"IMAGE": UNPULLABLE})
+    write(result)
+    fetch_cmd.warn_if_missing(result)
+    err = capsys.readouterr().err
+    assert err.startswith("warning: the weights check could not run (exit 1): ")
+    assert "127.0.0.1:9" in err and "whether the weights are fetched was not checked" in err
+    assert "will download them itself" not in err
+    done = launch("fetch", "mtp3-tp4-split", "--check", env={"IMAGE": UNPULLABLE})
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.startswith("error: the weights check could not run")

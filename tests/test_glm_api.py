@@ -7,8 +7,8 @@ import pytest
 
 from launch.__main__ import main as launch_main
 from launch.capabilities import find_vllm
-from launch.commands.common import build_plan
 from launch.errors import ProfileError
+from launch.plan import build_plan
 
 GLM_PROFILES = ("dflash-tp4-dcp4", "mtp3-tp4-split")
 FORK_FALLBACKS = "split_pages,attention_backend,draft_attention_backend"

@@ -31,7 +31,7 @@ def compose_binary() -> str:
 
 
 def runtime_env(name: str) -> dict[str, str]:
-    from launch.commands.common import build_plan
+    from launch.plan import build_plan
     from launch.scale import replica_runtime_env
 
     return replica_runtime_env(build_plan(name, (), {}, None))

@@ -13,7 +13,6 @@ import pytest
 
 from launch.__main__ import main as launch_main
 from launch.capabilities import find_vllm, parse_with_vllm
-from launch.commands.common import build_plan
 from launch.errors import ProfileError
 from launch.kv_offload import (
     GIB,
@@ -22,6 +21,7 @@ from launch.kv_offload import (
     mem_available_bytes,
     read_host_memory,
 )
+from launch.plan import build_plan
 from launch.validate import check_host_memory
 from smoke.__main__ import main as smoke_main
 from smoke.logparse import parse_lines

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
 import runpy
 from pathlib import Path
 
 import pytest
 
 from launch.capabilities import find_vllm, resolve
-from launch.commands.common import build_plan
 from launch.loader import load, profile_names
 from launch.overrides import ENV_OVERRIDES, from_environment, settable_paths
+from launch.plan import build_plan
 from launch.render import render
 
 REPO = Path(__file__).resolve().parents[1]
@@ -111,22 +112,63 @@ def test_mtp3_profile_renders_seed_004_configuration():
     assert "--kv-cache-memory-bytes" not in argv
 
 
-def test_expectations_carry_seed_numbers_and_cite_each():
-    d = load("dflash-tp4-dcp4").profile.expect
-    assert (d.kv_blocks, d.kv_cache_tokens) == (906, 5_974_904)
-    assert d.block_sizes == {"draft": 2304}
-    assert d.cache_group_cp_sizes == (4, 4, 4, 4, 4, 1)
-    assert d.cudagraph_mode == "FULL_DECODE_ONLY"
-    assert d.decode_graph_max_batch == 16
-    m = load("mtp3-tp4-split").profile.expect
-    assert m.kv_cache_tokens_min == 1_265_215
-    assert m.max_concurrency_min == 4.83
-    assert m.block_sizes == {"latent": 512, "indexer": 512, "recurrent": 512}
-    assert m.page_bytes == {"latent": 270_336, "indexer": 16_896, "recurrent": 1_122_304}
-    assert m.page_bytes["latent"] + m.page_bytes["indexer"] == 287_232  # seed 004's target page
-    for exp in (d, m):
-        assert set(exp.sources) == set(exp.set_fields())
-        assert all(src.startswith("seed 00") for src in exp.sources.values())
+SEEDS = {path.name[:3]: " ".join(path.read_text(encoding="utf-8").split())
+         for path in (REPO / "tests" / "fixtures" / "seeds").glob("*.txt")}  # fmt: skip
+"""The two documents the profiles were qualified from (../shared/seeds, copied unchanged)."""
+QUOTE = re.compile(r"seed (\d{3}): '([^']+)'")
+
+
+def spellings(value) -> list[str]:
+    """How a value may be written in a citation: 1265215 as 1,265,215 too; (4, 4, 1) as (4,4,1)."""
+    if isinstance(value, bool | str):
+        return [str(value)]
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int):
+        return [str(value), f"{value:,}"]
+    return [str(value)]
+
+
+def leaves(value) -> list:
+    if isinstance(value, dict):
+        return [leaf for v in value.values() for leaf in leaves(v)]
+    if isinstance(value, tuple | list) and not all(isinstance(v, int) for v in value):
+        return [leaf for v in value for leaf in leaves(v)]
+    return [value]
+
+
+@pytest.mark.parametrize("name", profile_names())
+def test_each_expectation_is_in_its_cited_text(name):
+    """Every expected number appears in its citation, and every quote of a seed is in that seed:
+    a wrong number, or a citation the seed does not say, fails here instead of being pinned."""
+    profile = load(name).profile
+    exp = profile.expect
+    assert set(exp.sources) == set(exp.set_fields())
+    for field_name in exp.set_fields():
+        source, value = exp.sources[field_name], getattr(exp, field_name)
+        for seed, quote in QUOTE.findall(source):
+            assert " ".join(quote.split()) in SEEDS[seed], f"{name} {field_name}: {quote!r}"
+        if source.startswith(("engine.", "deployment.")):  # the value of another setting
+            target = profile
+            for part in source.split("."):
+                target = getattr(target, part)
+            assert target == value, f"{name} {field_name}: {source} is {target}, not {value}"
+            continue
+        for leaf in leaves(value):
+            if isinstance(leaf, tuple):
+                written = [str(leaf).replace(" ", ""), str(leaf)]
+            else:
+                written = spellings(leaf)
+            assert any(w in source for w in written), f"{name} {field_name}: {leaf}, {source!r}"
+
+
+def test_a_wrong_number_or_a_misquote_is_caught():
+    """The check above is not vacuous: a changed number or quote fails it."""
+    exp = load("mtp3-tp4-split").profile.expect
+    source = exp.sources["kv_cache_tokens_min"]
+    assert not any(w in source for w in spellings(1_265_216))
+    quote = QUOTE.findall(source.replace("retained", "kept"))[0][1]
+    assert quote not in SEEDS["004"]
 
 
 def test_gpu_devices_override_is_shown_reaches_the_environment_and_stays_qualified():

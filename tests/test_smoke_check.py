@@ -11,8 +11,10 @@ import time
 
 import pytest
 
+from launch.loader import load
 from smoke.__main__ import main
 from smoke.api import READY_PROMPT, REASONING_BUDGET, Server
+from smoke.checks import REQUEST_CHECKS, Context
 from tests.conftest import FIXTURE_LOGS, REPO
 from tests.standin import MODEL, StandIn
 from tests.standin import count as count_words
@@ -20,64 +22,31 @@ from tests.standin import count as count_words
 QWEN = FIXTURE_LOGS / "qwen35-4b-9b-compose-v0.16.1-negative-kv-engine-failed-restart.log"
 
 
-AGENT = [
-    "api: reasoning separated",
-    "api: tool call",
-    "api: streamed tool call",
-    "api: structured output",
-    "api: 8 concurrent answers",
-    "api: vision",
-    "api: needle in 32,768 tokens",
-]
+CHECKS = {c.key: c.title(Context(Server("", MODEL), load("mtp3-tp4-split").profile))
+          for c in REQUEST_CHECKS}  # fmt: skip
+"""Each request check's name for profile mtp3-tp4-split (8 concurrent, a 32,768-token needle)."""
+AFTER_MODEL = [name for key, name in CHECKS.items() if key != "model"]
 FAULTS = [
-    (
-        "http500",
-        [
-            "api: chat answers READY",
-            "api: streaming SSE",
-            "api: max_tokens honoured",
-            "api: usage counts consistent",
-            *AGENT,
-        ],
-    ),
-    (
-        "hang",
-        [
-            "api: chat answers READY",
-            "api: streaming SSE",
-            "api: max_tokens honoured",
-            "api: usage counts consistent",
-            *AGENT,
-        ],
-    ),
-    ("cut_stream", ["api: streaming SSE", "api: streamed tool call"]),
-    (
-        "malformed",
-        [
-            "api: chat answers READY",
-            "api: streaming SSE",
-            "api: max_tokens honoured",
-            "api: usage counts consistent",
-            *AGENT,
-        ],
-    ),
-    ("wrong_model", ["api: served model id"]),
-    (
-        "empty",
-        [
-            "api: chat answers READY",
-            "api: usage counts consistent",
-            "api: reasoning separated",
-            "api: 8 concurrent answers",
-        ],
-    ),
-    ("no_length", ["api: max_tokens honoured"]),
-    ("leak_thinking", ["api: reasoning separated"]),
-    ("no_tool_calls", ["api: tool call", "api: streamed tool call"]),
-    ("bad_json", ["api: structured output"]),
-    ("one_wrong", ["api: 8 concurrent answers"]),
-    ("wrong_needle", ["api: needle in 32,768 tokens"]),
-    ("blind", ["api: vision"]),
+    ("http500", AFTER_MODEL),
+    ("hang", AFTER_MODEL),
+    # the stand-in cuts a stream at its fourth delta: the ones with more than three
+    ("cut_stream", [CHECKS[k] for k in ("stream", "tool-stream", "reasoning-tool")]),
+    ("malformed", AFTER_MODEL),
+    ("wrong_model", [CHECKS["model"]]),
+    ("empty", [CHECKS[k] for k in ("ready", "usage", "reasoning", "concurrent")]),
+    ("no_length", [CHECKS["length"]]),
+    ("leak_thinking", [CHECKS["reasoning"]]),
+    ("no_tool_calls", [CHECKS[k] for k in ("tool", "tool-stream", "tool-noargs",
+                                           "tool-noargs-stream", "reasoning-tool")]),
+    ("bad_json", [CHECKS["structured"]]),
+    ("one_wrong", [CHECKS["concurrent"]]),
+    ("wrong_needle", [CHECKS["needle"]]),
+    ("blind", [CHECKS["vision"]]),
+    # the GLM-5.x breakages users reported, each failing exactly its own check
+    ("drop_noarg_stream", [CHECKS["tool-noargs-stream"]]),
+    ("dup_no_tools_stream", [CHECKS["no-tools-stream"]]),
+    ("markup_in_reasoning", [CHECKS["reasoning-tool"]]),
+    ("no_prefix_hits", [CHECKS["prefix"]]),
 ]
 
 
@@ -121,7 +90,7 @@ def test_healthy_standin_passes_every_check(capsys):
         "api: streaming SSE",
         "api: max_tokens honoured",
         "api: usage counts consistent",
-        *AGENT,
+        *AFTER_MODEL[4:],
     ]
 
 
@@ -172,7 +141,7 @@ def test_each_fault_fails_its_named_check(capsys, fault, expected_failures):
         code, verdict = run_check(capsys, server.url)
     assert code == 1
     assert failed(verdict) == expected_failures
-    assert time.monotonic() - start < 30
+    assert time.monotonic() - start < 3 * len(CHECKS)  # each within its 2 s request timeout
 
 
 def test_fault_messages_say_what_was_seen(capsys):
@@ -292,7 +261,7 @@ def test_make_smoke_passes_on_a_healthy_standin():
     with StandIn() as server:
         healthy = _make_smoke(server.url)
     assert healthy.returncode == 0, healthy.stdout + healthy.stderr
-    assert healthy.stdout.strip().endswith("13 passed, 0 failed")
+    assert healthy.stdout.strip().endswith(f"{1 + len(CHECKS)} passed, 0 failed")
 
 
 @pytest.mark.parametrize(("fault", "expected_failures"), FAULTS)
@@ -368,3 +337,60 @@ def test_without_the_reported_context_the_reasoning_budget_is_refused():
         check = check_ready_answer(Server(server.url, MODEL, reasoning=True))
     assert not check.ok
     assert "max_tokens=2048 cannot be greater than max_model_len=512" in check.seen
+
+
+# ---- the counter checks: prefix reuse and speculative acceptance ------------------------------
+
+
+def test_acceptance_below_the_profiles_floor_fails_and_without_a_floor_is_reported(capsys):
+    """dflash-tp4-dcp4 states a floor (2.1); a stand-in serving vLLM's spec-decode counters at a
+    collapsed 1.9 fails it by name, at 2.4 passes. mtp3-tp4-split states none: reported."""
+    only = ("--only", "spec")
+    with StandIn("low_acceptance") as server:
+        code, verdict = run_check(capsys, server.url, "--profile", "dflash-tp4-dcp4", *only)
+    spec = {c["name"]: c for c in verdict["checks"]}[CHECKS["spec"]]
+    assert code == 1 and not spec["ok"]
+    assert spec["seen"] == ("acceptance length 1.900 over 10 draft rounds, below the profile's "
+                            "floor 2.1")  # fmt: skip
+    with StandIn() as server:
+        code, verdict = run_check(capsys, server.url, "--profile", "dflash-tp4-dcp4", *only)
+    assert code == 0, verdict
+    with StandIn("low_acceptance") as server:
+        code, verdict = run_check(capsys, server.url, *only)
+    spec = {c["name"]: c for c in verdict["checks"]}[CHECKS["spec"]]
+    assert code == 0 and spec["seen"].endswith("(reported: the profile states no floor)")
+
+
+def test_a_server_that_does_not_speculate_fails_a_speculative_profile(capsys):
+    with StandIn(spec_length=None) as server:
+        code, verdict = run_check(capsys, server.url, "--only", "spec")
+    spec = {c["name"]: c for c in verdict["checks"]}[CHECKS["spec"]]
+    assert code == 1 and "does not speculate" in spec["seen"]
+
+
+def test_prefix_reuse_counts_full_hash_blocks_of_a_fresh_prompt(capsys):
+    """mtp3's largest expected block is 512 tokens (no log read here): a prompt of at least
+    2,048 tokens, sent twice, must gain its full 512-token blocks in vllm:prefix_cache_hits."""
+    with StandIn() as server:
+        code, verdict = run_check(capsys, server.url, "--only", "prefix")
+        prompts = [b["messages"][0]["content"] for b in server.chat_bodies]
+    prefix = {c["name"]: c for c in verdict["checks"]}[CHECKS["prefix"]]
+    assert code == 0, prefix
+    assert len(prompts) == 2 and prompts[0] == prompts[1] and prompts[0].startswith("Session ")
+    assert prefix["expected"] == ">= the prompt's full 512-token blocks from vllm:prefix_cache_hits"
+    with StandIn() as server:  # a second run sends a new prompt: nothing cached from the first
+        run_check(capsys, server.url, "--only", "prefix")
+        again = server.chat_bodies[0]["messages"][0]["content"]
+    assert again != prompts[0]
+
+
+def test_prefix_reuse_is_skipped_with_the_reason_where_it_cannot_apply(capsys):
+    with StandIn(max_model_len=512) as server:
+        _, verdict = run_check(capsys, server.url, "--only", "prefix")
+    seen = {c["name"]: c for c in verdict["checks"]}[CHECKS["prefix"]]["seen"]
+    assert seen == "skipped: the served context (512) cannot hold its 2,048-token prompt"
+    with StandIn() as server:
+        _, verdict = run_check(capsys, server.url, "--only", "prefix",
+                               "--set", "ENABLE_PREFIX_CACHING=false")  # fmt: skip
+    seen = {c["name"]: c for c in verdict["checks"]}[CHECKS["prefix"]]["seen"]
+    assert seen == "skipped: the profile turns prefix caching off"

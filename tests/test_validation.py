@@ -221,7 +221,7 @@ def test_run_execs_vllm_with_the_rendered_argv_and_environment(tmp_path, fork_vl
     import json
 
     from launch.capabilities import find_vllm
-    from launch.commands.common import build_plan
+    from launch.plan import build_plan
 
     result = run_launch(
         tmp_path,

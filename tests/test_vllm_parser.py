@@ -12,9 +12,9 @@ import typing
 import pytest
 
 from launch.capabilities import find_vllm, requirements
-from launch.commands.common import build_plan
 from launch.kv_offload import OFF
 from launch.loader import load, profile_names
+from launch.plan import build_plan
 from launch.profile import CompilationConfig, SpeculativeConfig
 from launch.vllm_vocab import (
     CUDAGRAPH_MODES,

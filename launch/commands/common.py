@@ -1,19 +1,18 @@
-"""The shared path from a profile name to a plan: overrides, load, capability check, render."""
+"""What the launch commands share: their profile arguments, and a plan from parsed arguments
+(the plan itself is `launch.plan.build_plan`, which smoke uses too)."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
-from launch.capabilities import VllmInstall, find_vllm, resolve
+from launch.capabilities import find_vllm
+from launch.cli_args import add_set_argument
 from launch.compose_env import user_settings
 from launch.errors import ProfileError
-from launch.image_lock import describe_image
-from launch.loader import load
-from launch.overrides import from_environment, from_set_args
-from launch.render import Plan, render
+from launch.plan import build_plan
+from launch.render import Plan
 
 
 def add_profile_arguments(
@@ -35,19 +34,6 @@ def add_profile_arguments(
     )
 
 
-def add_set_argument(parser: argparse.ArgumentParser) -> None:
-    """`--set KEY=VALUE`, shared by every command that loads a profile."""
-    parser.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a setting by variable name (MAX_NUM_SEQS=16) or path "
-        "(engine.max_num_seqs=16); repeatable",
-    )
-
-
 def profile_name(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
     name = args.profile or environ.get("PROFILE")
     if not name:
@@ -58,26 +44,6 @@ def profile_name(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
             "pass a profile name or set PROFILE (see `python -m launch list`)",
         )
     return name
-
-
-def build_plan(
-    name: str,
-    sets: Sequence[str],
-    environ: Mapping[str, str],
-    install: VllmInstall | None,
-    env_file: Mapping[str, str] | None = None,
-) -> Plan:
-    """The profile, then compose/.env (`env_file`), then the environment, then `--set`: each
-    later source wins, and every override names where it came from."""
-    overrides = (
-        from_environment(env_file or {}, "compose/.env")
-        + from_environment(environ)
-        + from_set_args(sets)
-    )
-    loaded = load(name, overrides)
-    plan = render(loaded, resolve(loaded.profile, install))
-    image = describe_image(plan.profile.deployment.image, {**(env_file or {}), **environ})
-    return dataclasses.replace(plan, image=image)
 
 
 def plan_from_args(args: argparse.Namespace, *, require_vllm: bool = False) -> Plan:

@@ -17,12 +17,13 @@ from dataclasses import dataclass
 
 import yaml
 
-from launch.commands.common import add_profile_arguments, build_plan, profile_name
+from launch.commands.common import add_profile_arguments, profile_name
 from launch.commands.render_cmd import compose_document
 from launch.compose_env import ENV_PATH, user_settings, write_generated
 from launch.compose_files import compose_files
 from launch.docker_api import docker_path, require_local_image
 from launch.image_lock import COMPOSE_DIR, is_local_id, resolve_image
+from launch.plan import build_plan
 from launch.render import Plan
 from launch.scale import replica_runtime_env, router_source
 

@@ -14,6 +14,7 @@ import os
 import shlex
 import subprocess
 import sys
+from dataclasses import dataclass
 
 from launch.commands.common import add_profile_arguments
 from launch.commands.configure_cmd import (
@@ -24,7 +25,7 @@ from launch.commands.configure_cmd import (
 )
 from launch.docker_api import docker_path
 from launch.image_lock import COMPOSE_DIR
-from launch.weights import MISSING_EXIT, WeightRepo, weight_repos
+from launch.weights import MISSING_EXIT, NOT_FETCHED, WeightRepo, weight_repos
 
 NAME = "fetch"
 SERVICE = "fetch"
@@ -51,32 +52,53 @@ def weights_argv(action: str, repos: list[WeightRepo]) -> list[str]:
     return ["docker", "compose", "run", "--rm", *tty, SERVICE, action, *(r.spec for r in repos)]
 
 
-def missing_weights(result: Configured, repos: list[WeightRepo]) -> str | None:
-    """What the fetch service's check reports missing (None when all are verified). compose/.env
-    must already hold `result`. A check that cannot run is reported, never taken as present."""
+@dataclass(frozen=True)
+class WeightsCheck:
+    """The fetch service's answer: what it reports missing, or why it could not answer (a
+    check that did not run is never taken as weights present, nor as weights missing)."""
+
+    missing: str | None = None
+    unchecked: str | None = None
+
+
+def weights_check(result: Configured, repos: list[WeightRepo]) -> WeightsCheck:
+    """Ask the fetch service (the profile's image) whether `repos` are fetched and verified.
+    compose/.env must already hold `result`. Missing means the check itself said so: compose
+    also exits 1 when it cannot pull the image or start the container."""
     argv = weights_argv("check", repos)
     argv[0] = docker_path()
     done = subprocess.run(argv, cwd=COMPOSE_DIR, capture_output=True, text=True, check=False)
     if done.returncode == 0:
-        return None
-    if done.returncode == MISSING_EXIT:
-        return done.stdout.strip()
-    tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-2:])
-    return f"the weights check could not run (exit {done.returncode}): {tail}"
+        return WeightsCheck()
+    said = [line for line in done.stdout.splitlines() if line.startswith(NOT_FETCHED)]
+    if done.returncode == MISSING_EXIT and said:
+        return WeightsCheck(missing="\n".join(said))
+    tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-2:]) or "no output"
+    return WeightsCheck(unchecked=f"the weights check could not run (exit {done.returncode}): "
+                                  f"{tail}")  # fmt: skip
 
 
 def warn_if_missing(result: Configured) -> None:
     """`launch up`'s question before compose starts: a start that has to download the weights
-    spends the health check's start period doing it."""
+    spends the health check's start period doing it. What could not be asked is said as such."""
     repos = weight_repos(result.plan.profile)
     if not repos:
         return
-    missing = missing_weights(result, repos)
-    if missing is not None:
-        name = result.plan.profile.name
-        print(f"warning: {missing}\nwarning: the server will download them itself, inside the "
-              f"health check's start period; `make fetch PROFILE={name}` first avoids that",
+    state = weights_check(result, repos)
+    name = result.plan.profile.name
+    if state.unchecked is not None:
+        print(f"warning: {state.unchecked}\nwarning: whether the weights are fetched was not "
+              f"checked; `make fetch PROFILE={name} CHECK=1` asks again",
               file=sys.stderr, flush=True)  # fmt: skip
+    elif state.missing is not None:
+        print(f"warning: {state.missing}\nwarning: the server will download them itself, inside "
+              f"the health check's start period; `make fetch PROFILE={name}` first avoids that",
+              file=sys.stderr, flush=True)  # fmt: skip
+
+
+def state_exit(state: WeightsCheck) -> int:
+    """`--check`'s exit: 0 fetched, 1 missing, 2 when the check could not run."""
+    return 2 if state.unchecked else MISSING_EXIT if state.missing else 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -94,7 +116,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     argv[0] = prepare_compose(result)
     if args.check:
-        missing = missing_weights(result, repos)
-        print(missing or f"fetched and verified: {', '.join(r.spec for r in repos)}")
-        return MISSING_EXIT if missing else 0
+        state = weights_check(result, repos)
+        if state.unchecked is not None:
+            print(f"error: {state.unchecked}", file=sys.stderr)
+            return state_exit(state)
+        print(state.missing or f"fetched and verified: {', '.join(r.spec for r in repos)}")
+        return state_exit(state)
     return subprocess.run(argv, cwd=COMPOSE_DIR, check=False).returncode

@@ -1,22 +1,51 @@
-"""Speculative-decoding counters from the server's Prometheus `/metrics`, and what they imply.
+"""vLLM's Prometheus `/metrics` counters, read with prometheus_client's own text parser (the
+library vLLM exposes them with), and what the speculative ones imply.
 
 vLLM's mean acceptance length is 1 + accepted / drafts (each draft round yields its accepted
 tokens plus the target's own token), and one target step produces that many tokens, so target
 steps/s = output tokens/s / acceptance length: the comparison signal that does not move with
-acceptance.
+acceptance. The bench's receipts and the smoke's checks read the same counters through here.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
 
 COUNTERS = {
     "drafts": "vllm:spec_decode_num_drafts",
     "draft_tokens": "vllm:spec_decode_num_draft_tokens",
     "accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
 }
-_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*)(?:\{[^}]*\})?\s+(?P<value>[-+0-9.eE]+|NaN)\s*$")
+GENERATION = "vllm:generation_tokens_total"
+"""The server's own count of generated tokens (a counter, summed over label sets)."""
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+"""Prompt tokens served from the GPU prefix cache."""
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+"""Prompt tokens looked up in the GPU prefix cache."""
+EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
+"""Prompt tokens served by a KV connector (the host tier), not the GPU cache."""
+
+
+def counter_totals(text: str) -> dict[str, float]:
+    """Every counter of a /metrics text by its family name (`vllm:x`, no `_total`), summed over
+    label sets; the `_created` timestamps prometheus_client adds beside each are not counts.
+    A text that is not Prometheus exposition raises ValueError."""
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.type != "counter":
+            continue
+        for sample in family.samples:
+            if sample.name == family.name + "_total":
+                totals[family.name] = totals.get(family.name, 0.0) + sample.value
+    return totals
+
+
+def parse_counter(text: str, name: str) -> float | None:
+    """Counter `name` (with or without `_total`) from a /metrics text, summed over label sets;
+    None when the server exposes none."""
+    return counter_totals(text).get(name.removesuffix("_total"))
 
 
 @dataclass(frozen=True)
@@ -27,17 +56,11 @@ class SpecCounters:
 
 
 def parse_spec_counters(text: str) -> SpecCounters | None:
-    """Sum each counter over its label sets; None when the server exposes none of them."""
-    totals = dict.fromkeys(COUNTERS, 0.0)
-    seen = False
-    names = {f"{metric}_total": key for key, metric in COUNTERS.items()}
-    names.update({metric: key for key, metric in COUNTERS.items()})
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if match and match.group("name") in names:
-            totals[names[match.group("name")]] += float(match.group("value"))
-            seen = True
-    return SpecCounters(**totals) if seen else None
+    """The speculative-decoding counters; None when the server exposes none of them."""
+    totals = counter_totals(text)
+    if not any(metric in totals for metric in COUNTERS.values()):
+        return None
+    return SpecCounters(**{key: totals.get(metric, 0.0) for key, metric in COUNTERS.items()})
 
 
 def acceptance_length(before: SpecCounters | None, after: SpecCounters | None) -> float | None:
@@ -48,28 +71,6 @@ def acceptance_length(before: SpecCounters | None, after: SpecCounters | None) -
     if drafts <= 0:
         return None
     return 1.0 + (after.accepted_tokens - before.accepted_tokens) / drafts
-
-
-GENERATION = "vllm:generation_tokens_total"
-"""The server's own count of generated tokens (a counter, summed over label sets)."""
-
-
-PREFIX_HITS = "vllm:prefix_cache_hits_total"
-"""Prompt tokens served from the GPU prefix cache."""
-EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
-"""Prompt tokens served by a KV connector (the host tier), not the GPU cache."""
-
-
-def parse_counter(text: str, name: str) -> float | None:
-    """Counter `name` from a /metrics text, summed over label sets; None when the server has
-    none (a `_total` counter may also appear without the suffix)."""
-    total, seen = 0.0, False
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if match and match.group("name") in (name, name.removesuffix("_total")):
-            total += float(match.group("value"))
-            seen = True
-    return total if seen else None
 
 
 def parse_generation_tokens(text: str) -> float | None:

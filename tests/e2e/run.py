@@ -42,6 +42,7 @@ from launch.compose_env import ENV_PATH  # noqa: E402
 from launch.docker_api import bridge_address, connect  # noqa: E402
 from launch.image_lock import COMPOSE_DIR, LOCK_PATH, read_lock  # noqa: E402
 from launch.loader import load  # noqa: E402
+from smoke.bench.metrics import parse_counter  # noqa: E402
 from smoke.logparse import parse_lines  # noqa: E402
 from smoke.verdict import geometry_checks  # noqa: E402
 from tests.bench_client import VLLM_BENCH  # noqa: E402
@@ -69,6 +70,12 @@ REUSE_TOKENS = 1024
 HF_CACHE_VOLUME = "glm53-e2e-hf-cache"
 """The weights volume of the run (compose's HF_CACHE_VOLUME), so a machine's own weights volume
 is neither read nor removed by `down --volumes`."""
+REAL_ENGINE_CHECKS = ("api: tool call without arguments",
+                      "api: streamed tool call without arguments",
+                      "api: streamed answer without tools", "api: reasoning then tool call",
+                      "api: prefix cache reuse")  # fmt: skip
+"""The checks of what GLM users reported broken, run on the real CPU engine with vLLM's own
+glm45/glm47 parsers and its prefix-cache counters."""
 GEOMETRY_CHECKS = ("log: KV blocks", "log: block sizes", "log: page bytes", "log: layers",
                    "log: geometry agrees with vLLM (KV cache tokens)")  # fmt: skip
 """What the smoke must check of the real CPU engine's geometry (the plugin's line)."""
@@ -215,10 +222,7 @@ def chat(
 def served_requests(port: int) -> float:
     """`vllm:request_success_total` of one replica, summed over finish reasons."""
     text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-    return sum(
-        float(m)
-        for m in re.findall(r"^vllm:request_success_total\{[^}]*\} (\S+)$", text, re.MULTILINE)
-    )
+    return parse_counter(text, "vllm:request_success_total") or 0.0
 
 
 # ---- the steps ------------------------------------------------------------------------------
@@ -399,11 +403,14 @@ def step_smoke(run: Run) -> str:
         raise StepFailed(summary)
     if "log: KV cache tokens" not in out:
         raise StepFailed("the log checks did not run")
-    # vLLM's own glm45 / glm47 parsers on the model's GLM-format output, for real
+    # vLLM's own glm45 / glm47 parsers on the model's GLM-format output, the edge cases GLM
+    # users reported among them, and prefix reuse read from the real engine's counters
+    passed = {line.split("  ")[0] for line in out.splitlines() if line.endswith("  pass")}
     for name in ("api: reasoning separated", "api: tool call", "api: streamed tool call",
-                 "api: structured output", "api: 8 concurrent answers"):  # fmt: skip
-        if name not in out:
-            raise StepFailed(f"{name!r} did not run")
+                 *REAL_ENGINE_CHECKS, "api: structured output",
+                 "api: 8 concurrent answers"):  # fmt: skip
+        if name not in passed:
+            raise StepFailed(f"{name!r} did not pass (or did not run)")
     (run.work / "server.log").write_text(
         run.sh(["docker", "logs", f"{PROJECT}-vllm-1"]).stdout, encoding="utf-8"
     )
@@ -662,6 +669,27 @@ def user_setting(line: str) -> Iterator[None]:
         ENV_PATH.write_text(text, encoding="utf-8")
 
 
+def step_prefix_off(run: Run) -> str:
+    """The server started with prefix caching off (as DCP > 1 silently did to users), the smoke
+    run for the profile, which has it on: the prefix check must fail by name, with 0 hits."""
+    compose_down(run)
+    with user_setting("ENABLE_PREFIX_CACHING=false"):
+        make(run, "configure", f"PROFILE={PROFILE}")
+        compose(run, "up", "--detach")
+    smoke = kit_smoke(run, "--only", "prefix", "--timeout", "240")
+    out, _ = smoke.communicate(timeout=400)
+    log = run.sh(["docker", "logs", f"{PROJECT}-vllm-1"]).stdout
+    if "enable_prefix_caching=False" not in log:  # vLLM's own engine-config line
+        raise StepFailed("the server's engine config does not show prefix caching off")
+    checks = {c["name"]: c for c in json.loads(out)["checks"]}
+    prefix = checks.get("api: prefix cache reuse") or {}
+    if smoke.returncode != 1 or prefix.get("ok") is not False or prefix.get("skipped"):
+        raise StepFailed(f"smoke exited {smoke.returncode}: {prefix}")
+    if not prefix["seen"].startswith("0 of "):
+        raise StepFailed(f"hits other than 0 with caching off: {prefix['seen']}")
+    return f"'{prefix['name']}' FAIL: {prefix['seen'][:150]}"
+
+
 def step_kv_does_not_fit(run: Run) -> str:
     compose_down(run)
     # 1,048,576 tokens x 2,048 bytes = 2 GiB of KV cache for one request; the profile has 1 GiB
@@ -805,6 +833,7 @@ STEPS: tuple[tuple[str, Callable[[Run], str], tuple[str, ...]], ...] = (
     ("make fetch: weights into the cache volume, verified", step_fetch, ("make pin",)),
     ("two replicas behind vllm-router", step_replicas, ("make pin",)),
     ("server killed during the smoke wait", step_killed_mid_check, ("make pin",)),
+    ("prefix caching off fails the prefix check", step_prefix_off, ("make pin",)),
     ("KV cache that cannot fit ends the wait", step_kv_does_not_fit, ("make pin",)),
     ("docker compose down leaves nothing running", step_down, ("make pin",)),
     (CUDA_BASE_STEP, step_cuda_base, ("docker engine, compose, registry",)),
