@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from launch.deviations import expect_key
 from launch.errors import ProfileError
 from launch.kv_offload import OFF
 from launch.profile import Profile
@@ -196,8 +197,13 @@ class Requirement:
     met: Callable[[VllmInstall], bool]
     drop: Callable[[Profile], Profile]
     expect_dropped: tuple[str, ...]
+    """Expectations (Expect's field names) that do not hold without the knob."""
     explain: Callable[[VllmInstall], str | None] | None = None
     """What exactly is missing on this install, when more than `needs` can say."""
+
+    def __post_init__(self) -> None:
+        for key in self.expect_dropped:
+            expect_key(key)  # a misspelt name would otherwise drop nothing, silently
 
     def why(self, install: VllmInstall) -> str:
         detail = self.explain(install) if self.explain else None

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from launch.deviations import EXPECT_KEYS, Changed, Deviation, NotChecked, expect_key
 from launch.errors import ProfileError
 from launch.overrides import Override, apply
 from launch.profile import Expect, Profile
@@ -85,6 +86,8 @@ EXPECT_DEPENDS: dict[str, tuple[str, ...]] = {
     ),
     "spec_acceptance_length_min": ("engine.model", "engine.speculative_config"),
 }
+if set(EXPECT_DEPENDS) != EXPECT_KEYS:  # every expectation says what invalidates it, no other
+    raise ValueError(f"EXPECT_DEPENDS and Expect differ: {set(EXPECT_DEPENDS) ^ EXPECT_KEYS}")
 
 
 def invalidated_by(field: str, path: str) -> bool:
@@ -99,8 +102,8 @@ class Loaded:
     """A validated profile and how it differs from the qualified one."""
 
     profile: Profile
-    deviations: tuple[str, ...]
-    placement: tuple[str, ...] = ()
+    deviations: tuple[Deviation, ...]
+    placement: tuple[Changed, ...] = ()
     """Changes of where the server runs (GPU selection, ports, ...): shown, never unqualifying."""
 
 
@@ -141,7 +144,7 @@ def drop_expectations(expect: Expect, reasons: dict[str, str]) -> Expect:
     """`expect` without the named fields; `reasons` maps field -> why, kept in `sources`."""
     if not reasons:
         return expect
-    cleared = {name: () if name == "backends" else None for name in reasons}
+    cleared = {expect_key(name): () if name == "backends" else None for name in reasons}
     sources = {k: v for k, v in expect.sources.items() if k not in reasons}
     return dataclasses.replace(expect, **cleared, sources=sources)
 
@@ -152,9 +155,10 @@ def load(name: str, overrides: Iterable[Override] = ()) -> Loaded:
     Expectations an override invalidates are dropped before validation, so the rules on the
     expect section judge only what will be checked.
     """
-    raw, deviations, placement = apply(read_raw(name), overrides)
+    raw, changes, placement = apply(read_raw(name), overrides)
     profile = build(Profile, raw, "")
-    changed = [d.split(":", 1)[0] for d in deviations]
+    changed = [c.path for c in changes]
+    deviations: list[Deviation] = list(changes)
     reasons = {}
     for field in profile.expect.set_fields():
         paths = [path for path in changed if invalidated_by(field, path)]
@@ -162,14 +166,11 @@ def load(name: str, overrides: Iterable[Override] = ()) -> Loaded:
             reasons[field] = f"{', '.join(paths)} overridden"
     if reasons:
         profile = dataclasses.replace(profile, expect=drop_expectations(profile.expect, reasons))
-        deviations = [
-            *deviations,
-            *(f"expect.{field} not checked: {why}" for field, why in sorted(reasons.items())),
-        ]
+        deviations += [NotChecked(field, why) for field, why in sorted(reasons.items())]
     try:
         validate(profile)
     except ProfileError as err:
-        given = [d for d in (*deviations, *placement) if not d.startswith("expect.")]
+        given = [str(c) for c in (*changes, *placement)]
         if given:  # the value may not be the field's own: say which overrides were in effect
             err.rule += f" (overrides in effect: {'; '.join(given)})"
         raise

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from launch.deviations import Changed
 from launch.errors import ProfileError
 from launch.profile import Profile
 from launch.schema import field_paths, hint_at, parse_text
@@ -132,12 +133,12 @@ def from_set_args(items: Iterable[str]) -> list[Override]:
 
 def apply(
     raw: Mapping[str, Any], overrides: Iterable[Override]
-) -> tuple[dict[str, Any], list[str], list[str]]:
+) -> tuple[dict[str, Any], list[Changed], list[Changed]]:
     """Apply overrides to raw profile data; return the new data, the deviations from the
-    qualified profile and the placement changes (`PLACEMENT_PATHS`), as human lines."""
+    qualified profile and the placement changes (`PLACEMENT_PATHS`)."""
     data: dict[str, Any] = copy.deepcopy(dict(raw))
-    deviations: list[str] = []
-    placement: list[str] = []
+    deviations: list[Changed] = []
+    placement: list[Changed] = []
     for ov in overrides:
         text = ov.text
         if ov.path.rsplit(".", 1)[-1] in HUMAN_READABLE_INT_FIELDS:
@@ -159,14 +160,6 @@ def apply(
         if old == value or (isinstance(old, list) and value == list(old)):
             continue
         node[parts[-1]] = value
-        line = f"{ov.path}: {_show(old)} -> {_show(value)} (from {ov.origin})"
-        (placement if ov.path.startswith(PLACEMENT_PATHS) else deviations).append(line)
+        change = Changed(ov.path, old, value, ov.origin)
+        (placement if ov.path.startswith(PLACEMENT_PATHS) else deviations).append(change)
     return data, deviations, placement
-
-
-def _show(value: Any) -> str:
-    if value is None:
-        return "unset"
-    if isinstance(value, list):
-        return ",".join(str(v) for v in value)
-    return str(value)

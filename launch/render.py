@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from launch.capabilities import Resolution
+from launch.deviations import Changed, Deviation, FellBack, NotChecked
 from launch.kv_offload import OFF, OFFLOAD_FLAGS
 from launch.loader import Loaded, drop_expectations
 from launch.profile import EngineArgs, Features, KVOffload, Profile
@@ -34,9 +35,9 @@ class Plan:
     profile: Profile
     argv: tuple[str, ...]
     env: dict[str, str]
-    deviations: tuple[str, ...]
+    deviations: tuple[Deviation, ...]
     checked_against: str | None
-    placement: tuple[str, ...] = ()
+    placement: tuple[Changed, ...] = ()
     image: str | None = None
     """Which image runs it (source, lock key, digest), when a lock is at hand."""
 
@@ -50,8 +51,8 @@ class Plan:
             "argv": list(self.argv),
             "env": dict(self.env),
             "expect": to_plain(self.profile.expect),
-            "deviations": list(self.deviations),
-            "placement": list(self.placement),
+            "deviations": [str(d) for d in self.deviations],
+            "placement": [str(c) for c in self.placement],
             "qualified": self.qualified,
             "checked_against": self.checked_against,
             "image": self.image,
@@ -99,17 +100,14 @@ def feature_env(features: Features) -> dict[str, str]:
 def render(loaded: Loaded, resolution: Resolution) -> Plan:
     """The plan for `resolution.profile` (the loaded profile after any allowed fallbacks)."""
     p = resolution.profile
-    deviations = list(loaded.deviations)
+    deviations: list[Deviation] = list(loaded.deviations)
     dropped: dict[str, str] = {}
     for req in resolution.fallbacks:
-        deviations.append(
-            f"UNQUALIFIED: {req.field}={req.value} dropped, {req.needs}; "
-            f"fallback {req.name}: {req.fallback}"
-        )
+        deviations.append(FellBack(req.field, req.value, req.needs, req.name, req.fallback))
         for field in req.expect_dropped:
             dropped.setdefault(field, f"fallback {req.name}")
     dropped = {k: v for k, v in dropped.items() if k in p.expect.set_fields()}
-    deviations += [f"expect.{k} not checked: {v}" for k, v in sorted(dropped.items())]
+    deviations += [NotChecked(k, v) for k, v in sorted(dropped.items())]
     p = dataclasses.replace(p, expect=drop_expectations(p.expect, dropped))
     argv = [
         *engine_argv(p.engine),

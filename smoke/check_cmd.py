@@ -143,9 +143,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_log:
         checks += geometry_checks(profile, parser.result(args.service))
     if args.json:
-        print(to_json(checks, profile=profile.name, url=url, deviations=list(plan.deviations)))
+        print(to_json(checks, profile=profile.name, url=url,
+                      deviations=[str(d) for d in plan.deviations]))  # fmt: skip
     else:
         if plan.deviations:
-            print("deviations from the qualified profile:\n  " + "\n  ".join(plan.deviations))
+            print("deviations from the qualified profile:\n  "
+                  + "\n  ".join(map(str, plan.deviations)))  # fmt: skip
         print(format_table(checks))
     return exit_status(checks)

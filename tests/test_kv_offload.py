@@ -48,7 +48,7 @@ def test_cache_mode_native_renders_vllms_offload_flags_and_a_deviation():
     assert flag_value(p.argv, "--kv-offloading-backend") == "native"
     assert flag_value(p.argv, "--kv-offloading-size") == "32"
     assert "engine.kv_offload.backend: vram -> native (from environment CACHE_MODE)" in (
-        p.deviations
+        map(str, p.deviations)
     )
     assert not p.qualified
     # the installed vLLM 0.33.0's own parser takes the rendered command

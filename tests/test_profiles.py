@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from launch.capabilities import find_vllm, resolve
+from launch.deviations import Changed, NotChecked
 from launch.loader import load, profile_names
 from launch.overrides import ENV_OVERRIDES, from_environment, settable_paths
 from launch.plan import build_plan
@@ -52,7 +53,7 @@ def test_served_model_name_override_keeps_every_capacity_expectation():
     p = plan("mtp3-tp4-split", {"SERVED_MODEL_NAME": "glm"})
     assert p.profile.expect.kv_cache_tokens_min == 1265215
     assert p.profile.expect.max_concurrency_min == 4.83
-    assert not [d for d in p.deviations if d.startswith("expect.")]
+    assert not [d for d in p.deviations if isinstance(d, NotChecked)]
 
 
 def test_dflash_profile_renders_seed_000_configuration():
@@ -174,9 +175,9 @@ def test_a_wrong_number_or_a_misquote_is_caught():
 def test_gpu_devices_override_is_shown_reaches_the_environment_and_stays_qualified():
     p = plan("dflash-tp4-dcp4", {"GPU_DEVICES": "4,5,6,7"})
     assert p.env["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
-    assert p.placement == (
+    assert [str(c) for c in p.placement] == [
         "deployment.gpu_devices: 0,1,2,3 -> 4,5,6,7 (from environment GPU_DEVICES)",
-    )
+    ]
     assert p.deviations == () and p.qualified
     # Where the GPUs are does not change what the server computes: every expectation stays.
     assert p.profile.expect == load("dflash-tp4-dcp4").profile.expect
@@ -188,8 +189,10 @@ def test_compose_placement_keeps_a_start_qualified_but_the_image_source_does_not
     swapped = plan("mtp3-tp4-split", {"IMAGE_SOURCE": "qualified"})
     assert not swapped.qualified
     assert swapped.deviations == (
-        "deployment.image: kit -> qualified (from environment IMAGE_SOURCE)",
+        Changed("deployment.image", "kit", "qualified", "environment IMAGE_SOURCE"),
     )
+    assert str(swapped.deviations[0]) == (
+        "deployment.image: kit -> qualified (from environment IMAGE_SOURCE)")
 
 
 def test_engine_override_drops_the_capacity_expectations_it_invalidates():
@@ -198,9 +201,9 @@ def test_engine_override_drops_the_capacity_expectations_it_invalidates():
     assert flag_value(p.argv, "--gpu-memory-utilization") == "0.95"
     assert p.profile.expect.kv_cache_tokens is None and p.profile.expect.kv_blocks is None
     assert p.profile.expect.block_sizes == {"draft": 2304}
-    assert (
-        "expect.kv_cache_tokens not checked: engine.kv_cache_memory_bytes, "
-        "engine.gpu_memory_utilization overridden"
+    assert NotChecked(
+        "kv_cache_tokens",
+        "engine.kv_cache_memory_bytes, engine.gpu_memory_utilization overridden",
     ) in p.deviations
     assert not p.qualified
 
@@ -266,7 +269,8 @@ def test_compose_env_then_environment_then_set_each_named_in_the_plan():
     p = build_plan("dflash-tp4-dcp4", ("MAX_NUM_SEQS=24",), {"MAX_NUM_SEQS": "20"}, None,
                    {"MAX_NUM_SEQS": "16"})  # fmt: skip
     assert flag_value(p.argv, "--max-num-seqs") == "24"
-    assert [d for d in p.deviations if d.startswith("engine.max_num_seqs")] == [
+    assert [str(d) for d in p.deviations
+            if isinstance(d, Changed) and d.path == "engine.max_num_seqs"] == [
         "engine.max_num_seqs: 32 -> 16 (from compose/.env MAX_NUM_SEQS)",
         "engine.max_num_seqs: 16 -> 20 (from environment MAX_NUM_SEQS)",
         "engine.max_num_seqs: 20 -> 24 (from --set MAX_NUM_SEQS)",
@@ -323,3 +327,17 @@ def test_a_refused_value_from_compose_env_says_where_it_came_from():
     assert caught.value.field == "engine.compilation_config.max_cudagraph_capture_size"
     origin = "engine.max_num_seqs: 32 -> 8 (from compose/.env MAX_NUM_SEQS)"
     assert f"(overrides in effect: {origin})" in str(caught.value)
+
+
+def test_an_expectation_name_that_expect_does_not_have_is_refused_where_written():
+    """Expectation keys are Expect's own field names: a typo raises instead of filtering out
+    nothing (it once dropped no expectation, silently)."""
+    from launch.capabilities import Requirement
+    from launch.deviations import EXPECT_KEYS
+
+    assert "kv_cache_tokens" in EXPECT_KEYS and "sources" not in EXPECT_KEYS
+    with pytest.raises(ValueError, match="'kv_cache_token' is not an expectation"):
+        NotChecked("kv_cache_token", "a typo")
+    with pytest.raises(ValueError, match="'page_byte' is not an expectation"):
+        Requirement("x", "engine.x", "1", "needs", "fallback", lambda _: True, lambda p: p,
+                    ("page_byte",))  # fmt: skip

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from launch.capabilities import VllmInstall, find_vllm, resolve
+from launch.deviations import NotChecked
 from launch.errors import ProfileError
 from launch.loader import load
 from tests.conftest import REPO
@@ -118,4 +119,4 @@ def test_falling_back_from_the_attention_backend_drops_page_and_capacity_checks(
     assert plan.profile.expect.page_bytes is None
     assert plan.profile.expect.kv_cache_tokens_min is None
     for field in ("page_bytes", "kv_cache_tokens_min", "max_concurrency_min"):
-        assert f"expect.{field} not checked: fallback attention_backend" in plan.deviations
+        assert NotChecked(field, "fallback attention_backend") in plan.deviations

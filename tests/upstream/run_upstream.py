@@ -3,9 +3,10 @@
 Fetches the vllm 0.33.0 sdist once (pip download; cached, SHA-256 checked), extracts
 `tests/v1/core/test_kv_cache_planning.py`, `test_kv_cache_utils.py` and the helpers they import,
 and runs them offline on the CPU twice: against the pristine installed vLLM and against the
-patched copy. Tests that need a Hugging Face config or a conftest fixture are deselected by name
-in `deselected.txt`, with the reason. Exit 0 only when both runs pass every selected test and the
-passing sets are identical.
+patched copy. The Hugging Face configs the tests build `ModelConfig()` from are vendored
+(`hf-configs/`, laid out as an offline HF cache); the few tests that need a fixture of vLLM's own
+GPU-side conftest are deselected by name in `deselected.txt`, each with its reason. Exit 0 only
+when both runs pass every selected test and the passing sets are identical.
 
     python tests/upstream/run_upstream.py --patched .venv/vllm-patched --work .venv/vllm-upstream
 """
@@ -76,12 +77,25 @@ def extract(sdist: Path, work: Path) -> Path:
     return root
 
 
+def hf_cache(work: Path) -> Path:
+    """`hf-configs/<org>--<name>/config.json` as an offline Hugging Face hub cache."""
+    cache = work / "hf-cache"
+    for config in sorted((HERE / "hf-configs").glob("*/config.json")):
+        repo = cache / f"models--{config.parent.name}"
+        (repo / "refs").mkdir(parents=True, exist_ok=True)
+        (repo / "refs" / "main").write_text("vendored", encoding="utf-8")
+        snapshot = repo / "snapshots" / "vendored"
+        snapshot.mkdir(parents=True, exist_ok=True)
+        (snapshot / "config.json").write_bytes(config.read_bytes())
+    return cache
+
+
 def deselected() -> list[str]:
     lines = (HERE / "deselected.txt").read_text(encoding="utf-8").splitlines()
     return [line for line in lines if line and not line.startswith("#")]
 
 
-def run(src: Path, pythonpath: list[Path], report: Path) -> tuple[set[str], set[str]]:
+def run(src: Path, pythonpath: list[Path], report: Path, cache: Path) -> tuple[set[str], set[str]]:
     """(passed, not passed) node ids of one pytest run."""
     ini = src / "pytest.ini"  # keeps the kit's own pytest settings out of this run
     ini.write_text("[pytest]\n", encoding="utf-8")
@@ -94,6 +108,7 @@ def run(src: Path, pythonpath: list[Path], report: Path) -> tuple[set[str], set[
         "PYTHONPATH": os.pathsep.join(str(p) for p in pythonpath),
         "VLLM_TARGET_DEVICE": "cpu",
         "HF_HUB_OFFLINE": "1",
+        "HF_HUB_CACHE": str(cache),
     }
     subprocess.run(args, cwd=src, env=env, check=False, stdout=subprocess.DEVNULL)
     passed, other = set(), set()
@@ -113,8 +128,10 @@ def main() -> int:
     args = parser.parse_args()
     work = args.work.resolve()
     src = extract(fetch_sdist(), work)
-    pristine_pass, pristine_other = run(src, [src], work / "pristine.xml")
-    patched_pass, patched_other = run(src, [args.patched.resolve(), src], work / "patched.xml")
+    cache = hf_cache(work)
+    pristine_pass, pristine_other = run(src, [src], work / "pristine.xml", cache)
+    patched_pass, patched_other = run(src, [args.patched.resolve(), src], work / "patched.xml",
+                                      cache)  # fmt: skip
     print(
         f"vLLM 0.33.0 planner tests ({', '.join(TEST_FILES)}), {len(deselected())} deselected "
         "by name (tests/upstream/deselected.txt)"
