@@ -211,7 +211,11 @@ def run(args: argparse.Namespace) -> int:
     if args.resume:
         if not out.is_file():
             raise ProfileError("--resume", str(out), "has no receipt to resume", "drop --resume")
-        receipt = receipts.load(out)
+        try:
+            receipt = receipts.load(out)
+        except ValueError as err:
+            raise ProfileError("--resume", str(out), f"cannot be resumed: {err}",
+                               "start a new receipt (drop --resume)") from err  # fmt: skip
         if receipt["profile"] != plan.profile.name:
             raise ProfileError(
                 "--resume",
@@ -221,17 +225,12 @@ def run(args: argparse.Namespace) -> int:
             )
     else:
         out.parent.mkdir(parents=True, exist_ok=True)
-        receipt = {
-            "kind": receipts.RECEIPT_KIND,
-            "date": now.isoformat(timespec="seconds"),
-            "profile": plan.profile.name,
-            "plan": plan.to_json(),
-            "image": _image(plan.profile.deployment.image),
-            "log": _log_facts(args.log, plan.profile.name),
-            "settings": {k: (str(v) if isinstance(v, Path) else v)
-                         for k, v in vars(args).items() if k not in {"api_key", "func"}},
-            "cells": {},
-        }  # fmt: skip
+        receipt = receipts.new(
+            plan.profile.name, now.isoformat(timespec="seconds"), plan.to_json(),
+            _image(plan.profile.deployment.image), _log_facts(args.log, plan.profile.name),
+            {k: (str(v) if isinstance(v, Path) else v)
+             for k, v in vars(args).items() if k not in {"api_key", "func"}},
+        )  # fmt: skip
     settings = Settings(plan.profile.engine.model_id, args.max_tokens, args.request_timeout)
     max_len = plan.profile.engine.max_model_len
     reuse = None if "reuse" in args.skip else reuse_sizes(args, max_len, receipt.get("log"))

@@ -208,3 +208,30 @@ def test_server_generated_token_counter_is_read_from_real_vllm_metrics():
     assert parse_generation_tokens(text) == 308404.0
     assert parse_spec_counters(text) is None  # no speculative decoding on this server
     assert parse_generation_tokens("# no vLLM here\n") is None
+
+
+def test_receipts_carry_a_schema_version_and_another_layout_is_refused_by_name(
+    tmp_path, receipt_a, capsys
+):
+    """A receipt written by make bench validates against its versioned JSON Schema; one of an
+    older layout (no schema_version) or a broken one is refused naming what is wrong, by compare
+    and by --resume (exit 2), instead of being read as if it were this version."""
+    from smoke.bench import receipt as receipts
+
+    data = load(receipt_a)
+    assert data["schema_version"] == receipts.SCHEMA_VERSION
+    receipts.check(data, "a")  # what make bench wrote is valid
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({k: v for k, v in data.items() if k != "schema_version"}))
+    assert main(["compare", str(old), str(receipt_a)]) == 2
+    err = capsys.readouterr().err
+    assert "is a receipt of schema version None, this kit reads version 1" in err
+    broken = tmp_path / "broken.json"
+    cell = next(iter(data["cells"]))
+    broken.write_text(json.dumps({**data, "cells": {cell: {**data["cells"][cell],
+                                                           "kind": "warp"}}}))  # fmt: skip
+    assert main(["compare", str(receipt_a), str(broken)]) == 2
+    assert f"cells/{cell}/kind: 'warp' is not one of" in capsys.readouterr().err
+    assert main(["bench", "--profile", "dflash-tp4-dcp4", "--url", "http://127.0.0.1:9",
+                 "--resume", "--out", str(old)]) == 2  # fmt: skip
+    assert "--resume=" in capsys.readouterr().err

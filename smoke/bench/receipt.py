@@ -15,6 +15,59 @@ from typing import Any
 from launch.kv_offload import tier_in_argv
 
 RECEIPT_KIND = "glm53-kit-bench-receipt"
+SCHEMA_VERSION = 1
+"""Raised when a receipt's layout changes: a receipt of another version is refused by name, not
+read as if it were this one."""
+_CELL_KINDS = ["decode", "prefill", "prefix_reuse", "parity"]
+SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "required": ["kind", "schema_version", "date", "profile", "plan", "image", "log",
+                 "settings", "cells"],
+    "properties": {
+        "kind": {"const": RECEIPT_KIND},
+        "schema_version": {"const": SCHEMA_VERSION},
+        "date": {"type": "string"},
+        "profile": {"type": "string"},
+        "plan": {"type": "object", "required": ["profile", "argv", "deviations", "qualified"],
+                 "properties": {"argv": {"type": "array", "items": {"type": "string"}},
+                                "deviations": {"type": "array", "items": {"type": "string"}},
+                                "qualified": {"type": "boolean"}}},
+        "image": {"type": "object"},
+        "log": {"type": ["object", "null"]},
+        "settings": {"type": "object"},
+        "cells": {"type": "object", "additionalProperties": {
+            "type": "object", "required": ["kind", "samples", "summary"],
+            "properties": {"kind": {"enum": _CELL_KINDS},
+                           "samples": {"type": "array", "items": {"type": "object"}},
+                           "summary": {"type": "object"}}}},
+        "skipped": {"type": "object", "additionalProperties": {"type": "string"}},
+        "limitations": {"type": "array", "items": {"type": "string"}},
+    },
+}  # fmt: skip
+"""What a receipt of this version holds (JSON Schema, checked on every save and load)."""
+
+
+def check(receipt: Mapping[str, Any], where: str) -> None:
+    """ValueError naming the first place `receipt` breaks the schema (its version first)."""
+    from jsonschema import Draft202012Validator
+
+    version = receipt.get("schema_version") if isinstance(receipt, Mapping) else None
+    if version != SCHEMA_VERSION:
+        raise ValueError(f"{where} is a receipt of schema version {version}, this kit reads "
+                         f"version {SCHEMA_VERSION}: take it again with make bench")  # fmt: skip
+    error = next(iter(Draft202012Validator(SCHEMA).iter_errors(receipt)), None)
+    if error is not None:
+        path = "/".join(str(p) for p in error.absolute_path) or "(top level)"
+        raise ValueError(f"{where}: {path}: {error.message}")
+
+
+def new(profile: str, date: str, plan: dict[str, Any], image: dict[str, Any],
+        log: dict[str, Any] | None, settings: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """An empty receipt of this schema version."""
+    return {"kind": RECEIPT_KIND, "schema_version": SCHEMA_VERSION, "date": date,
+            "profile": profile, "plan": plan, "image": image, "log": log,
+            "settings": settings, "cells": {}}  # fmt: skip
 STATIC_LIMITATIONS = [
     "Output tokens/s depends on the draft's acceptance; compare target steps/s across geometries.",
     "A parity hash from a cold JIT cache is not a determinism guarantee (seed 000): compare "
@@ -97,13 +150,15 @@ def limitations(receipt: Mapping[str, Any]) -> list[str]:
 
 def load(path: Path) -> dict[str, Any]:
     data = json.loads(path.read_text(encoding="utf-8"))
-    if data.get("kind") != RECEIPT_KIND:
+    if not isinstance(data, dict) or data.get("kind") != RECEIPT_KIND:
         raise ValueError(f"{path} is not a bench receipt")
+    check(data, str(path))
     return data
 
 
 def save(path: Path, receipt: dict[str, Any]) -> None:
     receipt["limitations"] = limitations(receipt)
+    check(receipt, "the receipt being written")
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(receipt, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     tmp.replace(path)
