@@ -221,17 +221,13 @@ def test_a_check_that_could_not_run_is_not_reported_as_missing_weights(own_compo
     """Against the real Docker engine and compose: the profile's image cannot be pulled, so the
     fetch service never ran. `up`'s pre-check says it could not check (before, it printed an
     empty `warning:` and then claimed the weights were missing); `fetch --check` exits 2."""
-    import argparse
+    from launch.compose_config import configure, plan_for_compose, write
+    from launch.weights_service import warn_if_missing
 
-    from launch.commands import fetch_cmd
-    from launch.commands.configure_cmd import configure, write
-
-    parser = argparse.ArgumentParser()
-    fetch_cmd.add_parser(parser.add_subparsers())
-    args = parser.parse_args(["fetch", "mtp3-tp4-split"])
-    result = configure(args, {"IMAGE": UNPULLABLE})
+    env = {"IMAGE": UNPULLABLE}
+    result = configure(plan_for_compose("mtp3-tp4-split", (), env), env)
     write(result)
-    fetch_cmd.warn_if_missing(result)
+    warn_if_missing(result)
     err = capsys.readouterr().err
     assert err.startswith("warning: the weights check could not run (exit 1): ")
     assert "127.0.0.1:9" in err and "whether the weights are fetched was not checked" in err

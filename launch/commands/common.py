@@ -9,6 +9,7 @@ from collections.abc import Mapping
 
 from launch.capabilities import find_vllm
 from launch.cli_args import add_set_argument
+from launch.compose_config import plan_for_compose
 from launch.compose_env import user_settings
 from launch.errors import ProfileError
 from launch.plan import build_plan
@@ -59,3 +60,23 @@ def plan_from_args(args: argparse.Namespace, *, require_vllm: bool = False) -> P
     env_file = user_settings()
     name = profile_name(args, {**env_file, **environ})
     return build_plan(name, args.sets, environ, install, env_file)
+
+
+def add_replica_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--gpu-sets",
+        default=os.environ.get("GPU_SETS"),
+        help='one replica per set behind the router, e.g. "0,1,2,3 4,5,6,7" (GPU_SETS)',
+    )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        help="CPU profiles: this many replicas behind the router (GPU profiles use --gpu-sets)",
+    )
+
+
+def compose_plan(args: argparse.Namespace) -> Plan:
+    """The plan the compose commands run: the profile argument or $PROFILE, with overrides."""
+    name = profile_name(args, {**user_settings(), **os.environ})
+    return plan_for_compose(name, tuple(args.sets), os.environ)

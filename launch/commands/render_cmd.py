@@ -16,15 +16,13 @@ from pathlib import Path
 import yaml
 
 from launch.commands.common import add_profile_arguments, plan_from_args
+from launch.compose_config import compose_document
 from launch.compose_files import merged_document
 from launch.errors import ProfileError
 from launch.image_lock import resolve_image
-from launch.render import Plan, format_plan
+from launch.render import format_plan
 from launch.scale import (
-    compose_replicas,
-    cpu_replicas,
     k8s_manifests,
-    parse_gpu_sets,
     router_source,
 )
 
@@ -70,18 +68,6 @@ def kit_files() -> dict[str, str]:
         for path in sorted((root / package).rglob("*"))
         if path.suffix in (".py", ".yaml") and "__pycache__" not in path.parts
     }
-
-
-def compose_document(plan: Plan, gpu_sets: str | None, replicas: int | None, host_port: int,
-                     bind: str) -> dict:  # fmt: skip
-    """The replica compose file for `plan`, from the base compose file as written."""
-    if plan.profile.deployment.device == "cpu" or replicas is not None:
-        sets = cpu_replicas(replicas, plan)
-    else:
-        default = ",".join(map(str, plan.profile.deployment.gpu_devices))
-        sets = parse_gpu_sets(gpu_sets or default, plan)
-    base = merged_document(plan.profile.deployment.device)
-    return compose_replicas(plan, sets, base=base, host_port=host_port, bind=bind)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,18 +14,13 @@ import argparse
 import os
 import shlex
 
-from launch.commands.common import add_profile_arguments
-from launch.commands.configure_cmd import (
-    add_replica_arguments,
-    configure,
-    prepare_compose,
-    show,
-)
-from launch.commands.fetch_cmd import warn_if_missing
+from launch.commands.common import add_profile_arguments, add_replica_arguments, compose_plan
+from launch.compose_config import configure, prepare_compose, show
 from launch.image_lock import COMPOSE_DIR
 from launch.kv_offload import read_host_memory
 from launch.render import format_plan
 from launch.validate import check_host_memory
+from launch.weights_service import warn_if_missing
 
 NAME = "up"
 
@@ -44,7 +39,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    result = configure(args, os.environ)
+    result = configure(compose_plan(args), os.environ, args.gpu_sets, args.replicas)
     check_host_memory(result.plan.profile, read_host_memory())
     argv = ["docker", "compose", *(["config"] if args.config else ["up", "--detach"])]
     print(format_plan(result.plan))
