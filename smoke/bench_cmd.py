@@ -89,7 +89,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="prefix-reuse cell: tokens of other prompts sent in between (default the log's KV "
         "cache tokens + 10%%, so the first prompt leaves the GPU cache)",
     )
-    p.add_argument("--skip", choices=["prefill", "parity", "reuse"], action="append", default=[])
+    p.add_argument("--skip", choices=["decode", "prefill", "parity", "reuse"], action="append",
+                   default=[])  # fmt: skip
     p.add_argument("--request-timeout", type=_positive(float), default=600.0)
     return p
 
@@ -122,7 +123,7 @@ def _log_facts(log: str | None, profile: str) -> dict[str, Any] | None:
     keys = ("engine_version", "gpu_names", "kv_cache_tokens", "max_concurrency",
             "max_concurrency_tokens", "kv_cache_device", "kv_geometry", "kv_offload", "backends",
             "startup_failed")  # fmt: skip
-    return {key: facts.get(key) for key in keys}
+    return {key: getattr(facts, key) for key in keys}
 
 
 async def run_cells(args: argparse.Namespace, target: Target, settings: Settings,
@@ -143,7 +144,7 @@ async def run_cells(args: argparse.Namespace, target: Target, settings: Settings
                        "summary": receipts.summarize(kind, samples)}  # fmt: skip
         receipts.save(out, receipt)
 
-    for c in args.concurrency:
+    for c in [] if "decode" in args.skip else args.concurrency:
         await cell(
             f"decode-c{c}",
             "decode",

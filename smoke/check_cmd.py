@@ -84,7 +84,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def engine_hash_block(facts: dict) -> int | None:
     """The prefix-cache hash block the engine's geometry line reports, if it has been read."""
-    value = (facts.get("kv_geometry") or {}).get("hash_block")
+    value = (facts.kv_geometry or {}).get("hash_block")
     return value if isinstance(value, int) and value > 0 else None
 
 

@@ -12,7 +12,7 @@ from launch.cli_args import add_set_argument
 from launch.compose_env import user_settings
 from launch.errors import ProfileError
 from launch.plan import build_plan
-from smoke.logparse import parse_lines
+from smoke.logparse import LogFacts, parse_lines
 from smoke.verdict import exit_status, format_table, geometry_checks, to_json
 
 NAME = "geometry"
@@ -38,20 +38,20 @@ def run(args: argparse.Namespace) -> int:
         with path.open(encoding="utf-8", errors="replace", newline="") as fh:
             facts = parse_lines(fh, args.service)
     if not args.profile:
-        print(json.dumps(facts, indent=2) if args.json else _summary(facts))
+        print(json.dumps(facts.to_json(), indent=2) if args.json else _summary(facts))
         return 0
     plan = build_plan(args.profile, args.sets, os.environ, None, user_settings())
     checks = geometry_checks(plan.profile, facts)
-    print(to_json(checks, facts=facts) if args.json else format_table(checks))
+    print(to_json(checks, facts=facts.to_json()) if args.json else format_table(checks))
     return exit_status(checks)
 
 
-def _summary(facts: dict) -> str:
-    keys = [k for k in facts if k != "services"]
-    lines = [f"{k}: {json.dumps(facts[k])}" for k in keys]
-    for name, sub in (facts.get("services") or {}).items():
+def _summary(facts: LogFacts) -> str:
+    plain = {k: v for k, v in facts.to_json().items() if k != "services"}
+    lines = [f"{k}: {json.dumps(v)}" for k, v in plain.items()]
+    for name, sub in (facts.services or {}).items():
         lines.append(
-            f"[service {name}] kv_cache_tokens={sub['kv_cache_tokens']} "
-            f"starts={sub['starts']} startup_failed={sub['startup_failed']}"
+            f"[service {name}] kv_cache_tokens={sub.kv_cache_tokens} "
+            f"starts={sub.starts} startup_failed={sub.startup_failed}"
         )
     return "\n".join(lines)

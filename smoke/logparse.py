@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kvgeometry.report import PREFIX, UNKNOWN
@@ -217,6 +217,48 @@ class StartFacts:
     errors: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class LogFacts:
+    """What a log says of one server (its last start, and failures across restarts); a fact
+    the log does not state is None. `services` holds each compose service's own facts when the
+    log has several (the top-level facts are then empty unless one service was chosen)."""
+
+    engine_version: str | None = None
+    engine_config: dict[str, Any] | None = None
+    kv_cache_tokens: int | None = None
+    kv_cache_device: str | None = None
+    max_concurrency: float | None = None
+    max_concurrency_tokens: int | None = None
+    available_kv_cache_gib: float | None = None
+    graph_captures: list[dict[str, Any]] = field(default_factory=list)
+    graph_profile: dict[str, dict[str, int]] | None = None
+    cudagraph_mode_resolved: str | None = None
+    backends: list[str] = field(default_factory=list)
+    block_size_changes: list[dict[str, Any]] = field(default_factory=list)
+    spec_decode: dict[str, Any] | None = None
+    kv_geometry: dict[str, Any] | None = None
+    """The geometry plugin's line: layout, stride, blocks, tokens, scheduler and hash blocks,
+    groups, and per role block sizes, page bytes, layers and CP sizes."""
+    geometry_missing: str | None = None
+    kv_layout: str | None = None
+    kv_cache_format: dict[str, str] | None = None
+    draft_groups: dict[str, int] | None = None
+    split_pages: dict[str, Any] | None = None
+    kv_offload: dict[str, Any] | None = None
+    gpu_names: list[str] = field(default_factory=list)
+    starts: int = 0
+    startup_failed: bool = False
+    last_start_failed: bool = False
+    errors: list[str] = field(default_factory=list)
+    failed_starts: list[dict[str, Any]] = field(default_factory=list)
+    services: dict[str, LogFacts] | None = None
+    service_missing: str | None = None
+    """The service asked for (`--service`) when the log has none of that name."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 @dataclass
 class ServiceState:
     """All starts of one service (one vLLM server) in the log."""
@@ -245,35 +287,35 @@ class ServiceState:
                 }
             )
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> LogFacts:
         c = self.current
-        return {
-            "engine_version": c.engine_version,
-            "engine_config": c.engine_config,
-            "kv_cache_tokens": c.kv_cache_tokens,
-            "kv_cache_device": c.kv_cache_device,
-            "max_concurrency": c.max_concurrency,
-            "max_concurrency_tokens": c.max_concurrency_tokens,
-            "available_kv_cache_gib": c.available_kv_cache_gib,
-            "graph_captures": list(c.graph_captures),
-            "graph_profile": c.graph_profile,
-            "cudagraph_mode_resolved": c.cudagraph_mode_resolved,
-            "backends": list(c.backends),
-            "block_size_changes": [dict(b) for b in c.block_size_changes],
-            "spec_decode": c.spec_decode,
-            "kv_geometry": c.kv_geometry,
-            "geometry_missing": c.geometry_missing,
-            "kv_layout": c.kv_layout,
-            "kv_cache_format": None if c.kv_cache_format is None else dict(c.kv_cache_format),
-            "draft_groups": None if c.draft_groups is None else dict(c.draft_groups),
-            "split_pages": None if c.split_pages is None else dict(c.split_pages),
-            "kv_offload": None if c.kv_offload is None else dict(c.kv_offload),
-            "gpu_names": list(c.gpu_names),
-            "starts": self.starts,
-            "startup_failed": self.any_failed,
-            "last_start_failed": c.failed,
-            "errors": list(self.errors),
-            "failed_starts": [
+        return LogFacts(
+            engine_version=c.engine_version,
+            engine_config=c.engine_config,
+            kv_cache_tokens=c.kv_cache_tokens,
+            kv_cache_device=c.kv_cache_device,
+            max_concurrency=c.max_concurrency,
+            max_concurrency_tokens=c.max_concurrency_tokens,
+            available_kv_cache_gib=c.available_kv_cache_gib,
+            graph_captures=list(c.graph_captures),
+            graph_profile=c.graph_profile,
+            cudagraph_mode_resolved=c.cudagraph_mode_resolved,
+            backends=list(c.backends),
+            block_size_changes=[dict(b) for b in c.block_size_changes],
+            spec_decode=c.spec_decode,
+            kv_geometry=c.kv_geometry,
+            geometry_missing=c.geometry_missing,
+            kv_layout=c.kv_layout,
+            kv_cache_format=None if c.kv_cache_format is None else dict(c.kv_cache_format),
+            draft_groups=None if c.draft_groups is None else dict(c.draft_groups),
+            split_pages=None if c.split_pages is None else dict(c.split_pages),
+            kv_offload=None if c.kv_offload is None else dict(c.kv_offload),
+            gpu_names=list(c.gpu_names),
+            starts=self.starts,
+            startup_failed=self.any_failed,
+            last_start_failed=c.failed,
+            errors=list(self.errors),
+            failed_starts=[
                 *self.failed_starts,
                 *(
                     [
@@ -287,7 +329,7 @@ class ServiceState:
                     else []
                 ),
             ],
-        }
+        )
 
 
 def clean(raw: str) -> tuple[str | None, str]:
@@ -466,7 +508,7 @@ class LogParser:
                 return
         c.block_size_changes.append({"message": message, "block_size": tokens, "count": 1})
 
-    def result(self, service: str | None = None) -> dict[str, Any]:
+    def result(self, service: str | None = None) -> LogFacts:
         """Facts of `service`, or of the only server in the log; per-service facts alongside.
 
         With several compose services and none chosen, the top-level facts are empty (which
@@ -474,7 +516,7 @@ class LogParser:
         """
         named = {name: s.facts() for name, s in self.services.items() if s.starts or s.errors}
         if service is not None and service not in self.services and named:
-            chosen = {**ServiceState().facts(), "service_missing": service}
+            chosen = replace(ServiceState().facts(), service_missing=service)
         elif service is not None:
             chosen = self.services.get(service, ServiceState()).facts()
         elif len(named) == 1:
@@ -483,7 +525,7 @@ class LogParser:
             chosen = ServiceState().facts()
         else:
             chosen = self._plain.facts()
-        return {**chosen, "services": named or None}
+        return replace(chosen, services=named or None)
 
     def last_line(self, service: str | None = None) -> str | None:
         if service is not None:
@@ -492,7 +534,7 @@ class LogParser:
         return next((line for line in reversed(lines) if line), None)
 
 
-def parse_lines(lines: Iterable[str], service: str | None = None) -> dict[str, Any]:
+def parse_lines(lines: Iterable[str], service: str | None = None) -> LogFacts:
     """Facts from an iterable of log lines (a file object streams)."""
     parser = LogParser()
     for line in lines:

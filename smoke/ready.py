@@ -96,8 +96,8 @@ def wait_ready(
         tail.poll()
         gone = tail.failure()
         facts = tail.parser.result(service)
-        if facts["last_start_failed"] or gone:
-            cause = facts["errors"][-1] if facts["errors"] else "no root-cause line in the log"
+        if facts.last_start_failed or gone:
+            cause = facts.errors[-1] if facts.errors else "no root-cause line in the log"
             what = gone or "engine failed to start"
             return Check("ready: server up", expected, f"{what}: {cause}", False)
         if elapsed >= timeout:

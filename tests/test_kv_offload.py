@@ -119,7 +119,7 @@ def test_cpu_profile_refuses_a_host_tier_as_vllms_cpu_build_does():
     # the refusal the real CPU server printed (fixture), quoted before anything starts
     facts = parse_lines(CPU_REFUSED_LOG.open(encoding="utf-8"))
     vllm_says = "CPU Offloading is currently only supported on CUDA-alike and XPU GPUs"
-    assert any(vllm_says in e for e in facts["errors"])
+    assert any(vllm_says in e for e in facts.errors)
     assert vllm_says in err.value.rule
 
 
@@ -191,16 +191,16 @@ def test_lmcache_built_for_another_torch_is_refused_with_the_import_error(tmp_pa
 
 def test_parser_reads_the_native_connector_and_spec_of_a_real_cpu_start():
     facts = parse_lines(CPU_REFUSED_LOG.open(encoding="utf-8"))
-    assert facts["kv_offload"] == {"connector": "OffloadingConnector",
+    assert facts.kv_offload == {"connector": "OffloadingConnector",
                                    "spec": "CPUOffloadingSpec", "region": None,
                                    "region_gb": None}  # fmt: skip
-    assert facts["last_start_failed"]
+    assert facts.last_start_failed
 
 
 def test_parser_reads_the_lmcache_connector_of_a_real_gpu_log():
     with LMCACHE_LOG.open(encoding="utf-8", errors="replace", newline="") as fh:
         facts = parse_lines(fh)
-    assert facts["kv_offload"]["connector"] == "LMCacheMPConnector"
+    assert facts.kv_offload["connector"] == "LMCacheMPConnector"
 
 
 # GPU-only lines (a stand-in: only a GPU server creates the tiering spec and its region), in the
@@ -218,7 +218,7 @@ GPU_TIER_LINES = [
 
 def test_gpu_tier_lines_give_connector_spec_and_region():
     facts = parse_lines(GPU_TIER_LINES)
-    assert facts["kv_offload"] == {"connector": "OffloadingConnector",
+    assert facts.kv_offload == {"connector": "OffloadingConnector",
                                    "spec": "TieringOffloadingSpec",
                                    "region": "/dev/shm/vllm_offload_6a1b.mmap",
                                    "region_gb": 34.36}  # fmt: skip

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from smoke.logparse import LogParser, parse_lines
+from smoke.logparse import LogFacts, LogParser, parse_lines
 from tests.conftest import FIXTURE_LOGS, REPO
 
 REQUIRED_KEYS = {
@@ -63,82 +63,82 @@ QWEN_ERRORS = [
 ]
 
 
-def parse(name: str, service: str | None = None) -> dict:
+def parse(name: str, service: str | None = None) -> LogFacts:
     with (FIXTURE_LOGS / name).open(encoding="utf-8", errors="replace", newline="") as fh:
         return parse_lines(fh, service)
 
 
 def test_glm51_dcp1_two_line_kv_format_and_tqdm_bars():
     f = parse("glm51-tp8-dcp1-nospec-final.log")
-    assert set(f) >= REQUIRED_KEYS
-    assert f["engine_version"] == GLM51_VERSION
-    assert (f["kv_cache_tokens"], f["max_concurrency"], f["max_concurrency_tokens"]) == (
+    assert set(f.to_json()) >= REQUIRED_KEYS
+    assert f.engine_version == GLM51_VERSION
+    assert (f.kv_cache_tokens, f.max_concurrency, f.max_concurrency_tokens) == (
         341_504,
         1.68,
         202_752,
     )
-    assert f["available_kv_cache_gib"] == 19.55
-    assert f["graph_captures"] == [{"secs": 33, "gib": 1.22}]
-    assert f["graph_profile"] == {
+    assert f.available_kv_cache_gib == 19.55
+    assert f.graph_captures == [{"secs": 33, "gib": 1.22}]
+    assert f.graph_profile == {
         "PIECEWISE": {"count": 35, "largest": 256},
         "FULL": {"count": 11, "largest": 64},
     }
-    assert f["backends"] == GLM51_BACKENDS
-    assert f["block_size_changes"] == GLM51_BLOCK
-    assert f["spec_decode"] is None
-    assert (f["startup_failed"], f["errors"], f["starts"]) == (False, [], 1)
+    assert f.backends == GLM51_BACKENDS
+    assert f.block_size_changes == GLM51_BLOCK
+    assert f.spec_decode is None
+    assert (f.startup_failed, f.errors, f.starts) == (False, [], 1)
 
 
 def test_glm51_dcp4_mtp_stacked_prefixes_and_last_spec_decode():
     f = parse("glm51-tp8-dcp4-mtp3-final.log")
-    assert f["engine_version"] == GLM51_VERSION
-    assert (f["kv_cache_tokens"], f["max_concurrency"], f["max_concurrency_tokens"]) == (
+    assert f.engine_version == GLM51_VERSION
+    assert (f.kv_cache_tokens, f.max_concurrency, f.max_concurrency_tokens) == (
         1_271_040,
         6.27,
         202_752,
     )
-    assert f["available_kv_cache_gib"] == 18.42
-    assert f["graph_captures"] == [{"secs": 42, "gib": 2.23}]
-    assert f["backends"] == GLM51_BACKENDS
-    assert f["block_size_changes"] == GLM51_BLOCK
-    assert f["spec_decode"] == {
+    assert f.available_kv_cache_gib == 18.42
+    assert f.graph_captures == [{"secs": 42, "gib": 2.23}]
+    assert f.backends == GLM51_BACKENDS
+    assert f.block_size_changes == GLM51_BLOCK
+    assert f.spec_decode == {
         "mean_acceptance_length": 2.71,
         "accepted_tokens": 707,
         "drafted_tokens": 1242,
     }
-    assert not f["startup_failed"]
+    assert not f.startup_failed
 
 
 def test_glm51_dcp8_startup_only():
     f = parse("glm51-tp8-dcp8-mtp3-startup.log")
-    assert (f["kv_cache_tokens"], f["max_concurrency"], f["available_kv_cache_gib"]) == (
+    assert (f.kv_cache_tokens, f.max_concurrency, f.available_kv_cache_gib) == (
         1_952_256,
         9.63,
         14.15,
     )
-    assert f["graph_captures"] == [{"secs": 44, "gib": 2.23}]
-    assert f["spec_decode"] is None
-    assert f["backends"] == GLM51_BACKENDS
+    assert f.graph_captures == [{"secs": 44, "gib": 2.23}]
+    assert f.spec_decode is None
+    assert f.backends == GLM51_BACKENDS
 
 
 def test_dsv4_one_line_kv_format_all_reduce_and_four_rank_captures():
     f = parse("dsv4flash-tp4-dspark-k5-serving.log")
-    assert f["engine_version"] == DSV4_VERSION
-    assert (f["kv_cache_tokens"], f["max_concurrency"], f["max_concurrency_tokens"]) == (
+    assert f.engine_version == DSV4_VERSION
+    assert (f.kv_cache_tokens, f.max_concurrency, f.max_concurrency_tokens) == (
         894_492,
         6.82,
         131_072,
     )
-    assert f["available_kv_cache_gib"] == 45.83
-    assert f["graph_captures"] == [{"secs": 16, "gib": 0.17}] * 4
-    assert f["backends"] == [
+    assert f.available_kv_cache_gib == 45.83
+    assert f.graph_captures == [{"secs": 16, "gib": 0.17}] * 4
+    assert f.backends == [
         "Using ['B12X_PCIE_ONESHOT_DMA', 'PYNCCL'] all-reduce backends (in dispatch order) "
         "for group 'tp:0'",
         "Using ['PYNCCL'] all-reduce backends (in dispatch order) for group 'ep:0'",
         "Selected B12xFp8BlockScaledMMKernel for Fp8LinearMethod",
         "Using 'B12X' Mxfp4 MoE backend",
     ]
-    assert f["spec_decode"] == {
+    assert f.spec_decode == {
         "mean_acceptance_length": 5.42,
         "accepted_tokens": 53,
         "drafted_tokens": 60,
@@ -147,49 +147,49 @@ def test_dsv4_one_line_kv_format_all_reduce_and_four_rank_captures():
 
 def test_ansi_lmcache_using_backend_is_not_a_vllm_backend():
     f = parse("dsv4flash-tp4-lmcache-tiered-kv-ansi.log")
-    assert (f["kv_cache_tokens"], f["max_concurrency"], f["available_kv_cache_gib"]) == (
+    assert (f.kv_cache_tokens, f.max_concurrency, f.available_kv_cache_gib) == (
         969_193,
         7.39,
         49.65,
     )
-    assert f["graph_captures"] == [{"secs": 19, "gib": 0.06}] * 4
-    assert not any("lmcache" in b.lower() for b in f["backends"])
-    assert "Selected DeepGemmFp8BlockScaledMMKernel for Fp8LinearMethod" in f["backends"]
-    assert f["spec_decode"] is None
+    assert f.graph_captures == [{"secs": 19, "gib": 0.06}] * 4
+    assert not any("lmcache" in b.lower() for b in f.backends)
+    assert "Selected DeepGemmFp8BlockScaledMMKernel for Fp8LinearMethod" in f.backends
+    assert f.spec_decode is None
 
 
 def test_compose_log_two_services_failed_start_then_restart():
     whole = parse("qwen35-4b-9b-compose-v0.16.1-negative-kv-engine-failed-restart.log")
     # Two servers interleave: top-level numbers would be a guess, so they stay empty.
-    assert whole["kv_cache_tokens"] is None and set(whole["services"]) == {
+    assert whole.kv_cache_tokens is None and set(whole.services) == {
         "qwen3.5-4b",
         "qwen3.5-9b",
     }
-    small = whole["services"]["qwen3.5-4b"]
-    assert small["engine_version"] == "0.16.1rc1.dev265+gd106bf39f"
-    assert small["starts"] == 2
+    small = whole.services["qwen3.5-4b"]
+    assert small.engine_version == "0.16.1rc1.dev265+gd106bf39f"
+    assert small.starts == 2
     assert (
-        small["kv_cache_tokens"],
-        small["max_concurrency"],
-        small["available_kv_cache_gib"],
+        small.kv_cache_tokens,
+        small.max_concurrency,
+        small.available_kv_cache_gib,
     ) == (125_664, 21.77, 7.73)
-    assert small["graph_captures"] == [{"secs": 3, "gib": 0.51}]
-    assert small["startup_failed"] is True and small["last_start_failed"] is False
-    assert small["errors"] == QWEN_ERRORS
-    assert small["failed_starts"] == [
+    assert small.graph_captures == [{"secs": 3, "gib": 0.51}]
+    assert small.startup_failed is True and small.last_start_failed is False
+    assert small.errors == QWEN_ERRORS
+    assert small.failed_starts == [
         {"start": 1, "available_kv_cache_gib": -8.59, "errors": QWEN_ERRORS}
     ]
-    assert small["block_size_changes"] == QWEN_BLOCK
-    assert small["backends"] == QWEN_BACKENDS
+    assert small.block_size_changes == QWEN_BLOCK
+    assert small.backends == QWEN_BACKENDS
     big = parse("qwen35-4b-9b-compose-v0.16.1-negative-kv-engine-failed-restart.log", "qwen3.5-9b")
     assert (
-        big["kv_cache_tokens"],
-        big["max_concurrency"],
-        big["max_concurrency_tokens"],
-        big["available_kv_cache_gib"],
+        big.kv_cache_tokens,
+        big.max_concurrency,
+        big.max_concurrency_tokens,
+        big.available_kv_cache_gib,
     ) == (39_072, 6.82, 16_384, 2.43)
-    assert big["graph_captures"] == [{"secs": 3, "gib": 0.51}]
-    assert (big["startup_failed"], big["errors"], big["starts"]) == (False, [], 1)
+    assert big.graph_captures == [{"secs": 3, "gib": 0.51}]
+    assert (big.startup_failed, big.errors, big.starts) == (False, [], 1)
 
 
 def test_container_timestamps_are_stripped():
@@ -205,10 +205,10 @@ def test_truncated_log_yields_null_not_a_wrong_number():
     text = (FIXTURE_LOGS / "glm51-tp8-dcp1-nospec-final.log").read_text(encoding="utf-8")
     cut = text.index("GPU KV cache size: 341,504 tokens") + len("GPU KV cache size: 341,")
     f = parse_lines([text[:cut]])
-    assert f["kv_cache_tokens"] is None
-    assert f["max_concurrency"] is None
-    assert f["graph_captures"] == []
-    assert f["available_kv_cache_gib"] == 19.55
+    assert f.kv_cache_tokens is None
+    assert f.max_concurrency is None
+    assert f.graph_captures == []
+    assert f.available_kv_cache_gib == 19.55
 
 
 @settings(max_examples=300, deadline=None)
@@ -218,7 +218,7 @@ def test_parser_never_raises_on_arbitrary_input(chunks):
     for chunk in chunks:
         parser.feed(chunk)
     facts = parser.result()
-    assert set(facts) >= REQUIRED_KEYS
+    assert set(facts.to_json()) >= REQUIRED_KEYS
 
 
 @settings(max_examples=100, deadline=None)
@@ -227,8 +227,8 @@ def test_any_prefix_of_a_real_log_never_invents_a_number(cut):
     text = (FIXTURE_LOGS / "glm51-tp8-dcp8-mtp3-startup.log").read_text(encoding="utf-8")
     start = text.index("GPU KV cache size")
     f = parse_lines([text[: start - 5_000 + cut]])
-    assert f["kv_cache_tokens"] in (None, 1_952_256)
-    assert f["max_concurrency"] in (None, 9.63)
+    assert f.kv_cache_tokens in (None, 1_952_256)
+    assert f.max_concurrency in (None, 9.63)
 
 
 def test_memory_follows_facts_not_log_size():
@@ -240,7 +240,7 @@ def test_memory_follows_facts_not_log_size():
     for _ in range(200_000):
         parser.feed(line)
     facts = parser.result()
-    assert len(json.dumps(facts)) < 1_000
+    assert len(json.dumps(facts.to_json())) < 1_000
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in FIXTURE_LOGS.glob("*.log")))
@@ -303,10 +303,10 @@ def test_real_cpu_server_log_reports_its_device_capacity_and_version():
         facts = parse_lines(fh)
     # the log's own line: "CPU KV cache size: 524,288 tokens, Maximum concurrency for 2,048
     # tokens per request: 256.00x", and the banner "Initializing a V1 LLM engine (v0.32.0)"
-    assert (facts["kv_cache_device"], facts["kv_cache_tokens"]) == ("CPU", 524288)
-    assert (facts["max_concurrency"], facts["max_concurrency_tokens"]) == (256.0, 2048)
-    assert facts["engine_version"] == "0.32.0"
-    assert facts["starts"] == 1 and not facts["startup_failed"]
+    assert (facts.kv_cache_device, facts.kv_cache_tokens) == ("CPU", 524288)
+    assert (facts.max_concurrency, facts.max_concurrency_tokens) == (256.0, 2048)
+    assert facts.engine_version == "0.32.0"
+    assert facts.starts == 1 and not facts.startup_failed
 
 
 def test_hyphenated_worker_prefix_of_the_real_cpu_log_is_stripped():
@@ -335,7 +335,7 @@ def _line(msg: str, source: str = "interface.py:777") -> str:
 def test_block_size_line_in_vllm_033_wording_is_read():
     fmt = _vllm_format("platforms/interface.py", "Setting kv cache block size to %d for")
     facts = parse_lines(["non-default args: {}\n", _line(fmt % (256, "FLASH_ATTN/GDN_ATTN"))])
-    assert facts["block_size_changes"] == [
+    assert facts.block_size_changes == [
         {
             "message": "Setting kv cache block size to 256 for FLASH_ATTN/GDN_ATTN backend(s)",
             "block_size": 256,
@@ -362,7 +362,7 @@ def test_spec_decode_downgrade_after_full_decode_only_is_the_mode_that_runs():
     )
     facts = parse_lines(["non-default args: {}\n", _line(first, "compilation.py:1419"),
                          _line(second, "compilation.py:1465")])  # fmt: skip
-    assert facts["cudagraph_mode_resolved"] == "NONE"
+    assert facts.cudagraph_mode_resolved == "NONE"
     checks = {c.name: c for c in geometry_checks(load("dflash-tp4-dcp4").profile, facts)}
     assert not checks["log: CUDA graph mode"].ok
     assert checks["log: CUDA graph mode"].seen == "NONE"
@@ -375,7 +375,7 @@ def test_hisparse_pool_name_is_read():
         "request: 4.83x"
     )
     facts = parse_lines([_line(msg, "kv_cache_utils.py:1147")])
-    assert (facts["kv_cache_device"], facts["kv_cache_tokens"]) == ("GPU + host", 1265215)
+    assert (facts.kv_cache_device, facts.kv_cache_tokens) == ("GPU + host", 1265215)
 
 
 def test_concurrency_floor_counts_only_for_the_request_length_it_states():
@@ -406,7 +406,7 @@ def test_the_qualified_runtimes_split_page_lines_are_read_and_checked():
         _line("Keeping split GLM-5.3 cache groups with physical page sizes [1122304, 1148928].",
               "kv_cache_utils.py:1"),
     ])  # fmt: skip
-    assert facts["split_pages"] == {"target_block_size": 2048, "recurrent_block_size": 2048,
+    assert facts.split_pages == {"target_block_size": 2048, "recurrent_block_size": 2048,
                                     "physical_page_bytes": [1122304, 1148928]}  # fmt: skip
     check = {c.name: c for c in geometry_checks(load("mtp3-tp4-split").profile, facts)}[
         "log: split cache pages"
@@ -424,13 +424,13 @@ QUALIFIED_EXCERPT = Path(__file__).parent / "fixtures" / "glm53-tp3-dflash2-r27-
 def test_the_qualified_runtimes_own_plan_lines_are_read():
     with QUALIFIED_EXCERPT.open(encoding="utf-8") as fh:
         facts = parse_lines(fh)
-    assert facts["kv_layout"] == "BLHNC"
-    assert facts["kv_cache_format"] == {"format": "fp8_ds_mla", "backend": "B12X"}
-    assert facts["draft_groups"] == {"layers": 5, "groups": 1}
-    assert facts["split_pages"] == {"target_block_size": 2048, "recurrent_block_size": 2048,
+    assert facts.kv_layout == "BLHNC"
+    assert facts.kv_cache_format == {"format": "fp8_ds_mla", "backend": "B12X"}
+    assert facts.draft_groups == {"layers": 5, "groups": 1}
+    assert facts.split_pages == {"target_block_size": 2048, "recurrent_block_size": 2048,
                                     "physical_page_bytes": [1148928, 1610752]}  # fmt: skip
-    assert (facts["kv_cache_tokens"], facts["max_concurrency"]) == (2_078_852, 1.98)
-    assert facts["kv_geometry"] is None and facts["geometry_missing"] is None
+    assert (facts.kv_cache_tokens, facts.max_concurrency) == (2_078_852, 1.98)
+    assert facts.kv_geometry is None and facts.geometry_missing is None
 
 
 def plugin_line(tokens: int, layout: str = "BLHNC") -> str:

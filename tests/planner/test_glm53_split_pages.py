@@ -123,7 +123,7 @@ def test_platform_keeps_both_blocks_and_logs_the_runtime_line(split_512):
             "block size 512 tokens.")  # fmt: skip
     assert lines == [line]
     facts = parse_lines([f"(EngineCore pid=1) INFO 12-01 10:00:00 [interface.py:1] {line}"])
-    assert facts["split_pages"] == {"target_block_size": 512, "recurrent_block_size": 512,
+    assert facts.split_pages == {"target_block_size": 512, "recurrent_block_size": 512,
                                     "physical_page_bytes": None}  # fmt: skip
 
 
