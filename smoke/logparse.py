@@ -14,9 +14,10 @@ still reported. A fact the log does not state stays None; nothing is guessed.
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from kvgeometry.report import PREFIX, UNKNOWN
@@ -188,8 +189,8 @@ def _int(text: str) -> int:
 
 
 @dataclass
-class StartFacts:
-    """Facts of one server start; replaced when the log shows a new start."""
+class StartFields:
+    """What one server start states in the log; a fact it does not state stays None."""
 
     engine_version: str | None = None
     engine_config: dict[str, Any] | None = None
@@ -213,39 +214,22 @@ class StartFacts:
     split_pages: dict[str, Any] | None = None
     kv_offload: dict[str, Any] | None = None
     gpu_names: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StartFacts(StartFields):
+    """Facts of one server start while it is parsed; replaced when the log shows a new start."""
+
     failed: bool = False
     errors: list[str] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class LogFacts:
-    """What a log says of one server (its last start, and failures across restarts); a fact
-    the log does not state is None. `services` holds each compose service's own facts when the
-    log has several (the top-level facts are then empty unless one service was chosen)."""
+@dataclass
+class LogFacts(StartFields):
+    """What a log says of one server: its last start's facts, and its failures across restarts.
+    `services` holds each compose service's own facts when the log has several (the top-level
+    facts are then empty unless one service was chosen)."""
 
-    engine_version: str | None = None
-    engine_config: dict[str, Any] | None = None
-    kv_cache_tokens: int | None = None
-    kv_cache_device: str | None = None
-    max_concurrency: float | None = None
-    max_concurrency_tokens: int | None = None
-    available_kv_cache_gib: float | None = None
-    graph_captures: list[dict[str, Any]] = field(default_factory=list)
-    graph_profile: dict[str, dict[str, int]] | None = None
-    cudagraph_mode_resolved: str | None = None
-    backends: list[str] = field(default_factory=list)
-    block_size_changes: list[dict[str, Any]] = field(default_factory=list)
-    spec_decode: dict[str, Any] | None = None
-    kv_geometry: dict[str, Any] | None = None
-    """The geometry plugin's line: layout, stride, blocks, tokens, scheduler and hash blocks,
-    groups, and per role block sizes, page bytes, layers and CP sizes."""
-    geometry_missing: str | None = None
-    kv_layout: str | None = None
-    kv_cache_format: dict[str, str] | None = None
-    draft_groups: dict[str, int] | None = None
-    split_pages: dict[str, Any] | None = None
-    kv_offload: dict[str, Any] | None = None
-    gpu_names: list[str] = field(default_factory=list)
     starts: int = 0
     startup_failed: bool = False
     last_start_failed: bool = False
@@ -290,27 +274,7 @@ class ServiceState:
     def facts(self) -> LogFacts:
         c = self.current
         return LogFacts(
-            engine_version=c.engine_version,
-            engine_config=c.engine_config,
-            kv_cache_tokens=c.kv_cache_tokens,
-            kv_cache_device=c.kv_cache_device,
-            max_concurrency=c.max_concurrency,
-            max_concurrency_tokens=c.max_concurrency_tokens,
-            available_kv_cache_gib=c.available_kv_cache_gib,
-            graph_captures=list(c.graph_captures),
-            graph_profile=c.graph_profile,
-            cudagraph_mode_resolved=c.cudagraph_mode_resolved,
-            backends=list(c.backends),
-            block_size_changes=[dict(b) for b in c.block_size_changes],
-            spec_decode=c.spec_decode,
-            kv_geometry=c.kv_geometry,
-            geometry_missing=c.geometry_missing,
-            kv_layout=c.kv_layout,
-            kv_cache_format=None if c.kv_cache_format is None else dict(c.kv_cache_format),
-            draft_groups=None if c.draft_groups is None else dict(c.draft_groups),
-            split_pages=None if c.split_pages is None else dict(c.split_pages),
-            kv_offload=None if c.kv_offload is None else dict(c.kv_offload),
-            gpu_names=list(c.gpu_names),
+            **{f.name: copy.deepcopy(getattr(c, f.name)) for f in fields(StartFields)},
             starts=self.starts,
             startup_failed=self.any_failed,
             last_start_failed=c.failed,
