@@ -58,15 +58,15 @@ AGREEMENT = 0.10
 DECODE_CONCURRENCY = 4
 DECODE_TOKENS = 128
 DECODE_PAIRS = 5
-"""Kit and vLLM decode runs alternate this many times; the median of the per-pair ratios (each
-kit run over the vLLM run just before it) is compared, and each kit run with the server's own
-generated-token counter over its window. The server's own speed moves by up to 20% between
-runs on two cores (vLLM's TPOT 9.5 ms in one run, 11.3 ms two runs later), so runs are compared
-with their neighbour, not the pooled medians (which once differed by 10.4% while the three pairs
-differed by +0.5%, +10% and -6%). The CPU
-profile's model is built so that a decode step is compute-bound (docker/tiny_model.py): with a
-2 ms overhead-bound step, the server's speed moved by tens of percent between back-to-back runs
-of the same client on two cores, and no two clients could agree."""
+"""Kit and vLLM decode runs alternate this many times (the order swapped every pair); the median
+of the per-pair ratios (each kit run over the vLLM run beside it) is compared, and each kit run
+with the server's own generated-token counter over its window. The server's own speed moves by
+up to 20% between runs on two cores (vLLM's TPOT 9.5 ms in one run, 11.3 ms two runs later), so
+runs are compared with their neighbour, not the pooled medians (which once differed by 10.4%
+while the three pairs differed by +0.5%, +10% and -6%). The CPU profile's model is built so that
+a decode step is compute-bound (docker/tiny_model.py): with a 2 ms overhead-bound step, the
+server's speed moved by tens of percent between back-to-back runs of the same client on two
+cores, and no two clients could agree."""
 DECODE_PROMPTS = DECODE_CONCURRENCY * 6
 PREFILL_TOKENS = 2048
 PREFILL_PAIRS = 3
@@ -537,10 +537,13 @@ def step_bench(run: Run) -> str:
     reuse = (f"--skip prefill --reuse-tokens {REUSE_TOKENS} --reuse-evict-tokens 4096 "
              "--log")  # fmt: skip
     ref, receipts = [], []
-    for i in range(DECODE_PAIRS):
-        ref.append(vllm_bench(run, tokenizer, *decode_args)["output_throughput"])
+    for i in range(DECODE_PAIRS):  # vLLM-kit, kit-vLLM, ...: neither client always goes first
         receipts.append(receipt_path if i == 0 else run.work / f"decode-{i}.json")
-        kit_decode(run, receipts[-1], reuse if i == 0 else "--skip prefill --skip reuse")
+        for client in ("vllm", "kit") if i % 2 == 0 else ("kit", "vllm"):
+            if client == "vllm":
+                ref.append(vllm_bench(run, tokenizer, *decode_args)["output_throughput"])
+            else:
+                kit_decode(run, receipts[-1], reuse if i == 0 else "--skip prefill --skip reuse")
     # one untimed prompt of the length first: the server's first long prefill is slower
     chat(f"http://127.0.0.1:{HOST_PORT}", "word " * (PREFILL_TOKENS // 2), 1, timeout=120)
     kit_ttfts: list[float] = []
@@ -566,7 +569,7 @@ def step_bench(run: Run) -> str:
                          f"{reuse_sample}")  # fmt: skip
     decode = [receipt_decode(path) for path in receipts]
     off_server = [(k, srv) for k, srv in decode if srv is None or abs(k - srv) > AGREEMENT * srv]
-    # interleaved runs, each kit run against the vLLM run just before it, the median ratio
+    # interleaved runs, each kit run against the vLLM run beside it, the median ratio
     # compared: one slow window (another process on one of the two cores) moves one pair
     ratios = [k / r for (k, _), r in zip(decode, ref, strict=True)]
     ratio = statistics.median(ratios)
@@ -574,7 +577,7 @@ def step_bench(run: Run) -> str:
     shown = (
         f"decode tok/s at c{DECODE_CONCURRENCY}: kit {[round(k) for k, _ in decode]}, the "
         f"server's counter over the same windows {[round(srv or 0) for _, srv in decode]}, vllm "
-        f"bench serve just before each {[round(x) for x in ref]} (kit / vLLM per pair "
+        f"bench serve beside each {[round(x) for x in ref]} (kit / vLLM per pair "
         f"{[round(x, 3) for x in ratios]}, median {ratio:.3f}); prefill TTFT ms at "
         f"{PREFILL_TOKENS} tokens, {PREFILL_PAIRS} "
         f"alternating runs with a busy loop on one core: kit {[round(t) for t in kit_ttfts]}, "
