@@ -13,7 +13,6 @@ from launch.compose_env import user_settings, write_generated
 from launch.compose_files import compose_files, merged_document
 from launch.docker_api import docker_path, require_local_image
 from launch.image_lock import COMPOSE_DIR, is_local_id, resolve_image
-from launch.plan import build_plan
 from launch.render import Plan
 from launch.scale import (
     compose_replicas,
@@ -31,11 +30,6 @@ class Configured:
     plan: Plan
     values: dict[str, str]
     replicas_doc: dict | None
-
-
-def plan_for_compose(name: str, sets: tuple[str, ...], environ: Mapping[str, str]) -> Plan:
-    """Profile `name` with the user's compose/.env, the environment and `--set` applied."""
-    return build_plan(name, sets, environ, None, user_settings())
 
 
 def compose_document(plan: Plan, gpu_sets: str | None, replicas: int | None, host_port: int,

@@ -221,11 +221,12 @@ def test_a_check_that_could_not_run_is_not_reported_as_missing_weights(own_compo
     """Against the real Docker engine and compose: the profile's image cannot be pulled, so the
     fetch service never ran. `up`'s pre-check says it could not check (before, it printed an
     empty `warning:` and then claimed the weights were missing); `fetch --check` exits 2."""
-    from launch.compose_config import configure, plan_for_compose, write
+    from launch.compose_config import configure, write
+    from launch.plan import build_plan
     from launch.weights_service import warn_if_missing
 
     env = {"IMAGE": UNPULLABLE}
-    result = configure(plan_for_compose("mtp3-tp4-split", (), env), env)
+    result = configure(build_plan("mtp3-tp4-split", (), env, None), env)
     write(result)
     warn_if_missing(result)
     err = capsys.readouterr().err

@@ -7,9 +7,8 @@ import argparse
 import os
 from collections.abc import Mapping
 
-from launch.capabilities import find_vllm
+from launch.capabilities import VllmInstall, find_vllm
 from launch.cli_args import add_set_argument
-from launch.compose_config import plan_for_compose
 from launch.compose_env import user_settings
 from launch.errors import ProfileError
 from launch.plan import build_plan
@@ -48,7 +47,6 @@ def profile_name(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
 
 
 def plan_from_args(args: argparse.Namespace, *, require_vllm: bool = False) -> Plan:
-    environ = os.environ
     install = find_vllm(args.vllm_root) if (require_vllm or args.vllm_root) else None
     if require_vllm and install is None:
         raise ProfileError(
@@ -57,9 +55,14 @@ def plan_from_args(args: argparse.Namespace, *, require_vllm: bool = False) -> P
             "is not installed here, so capabilities cannot be checked",
             "run inside the kit's image, or use `python -m launch render` to inspect",
         )
+    return _plan(args, install)
+
+
+def _plan(args: argparse.Namespace, install: VllmInstall | None) -> Plan:
+    """The profile argument (or PROFILE) with compose/.env, the environment and `--set`."""
     env_file = user_settings()
-    name = profile_name(args, {**env_file, **environ})
-    return build_plan(name, args.sets, environ, install, env_file)
+    name = profile_name(args, {**env_file, **os.environ})
+    return build_plan(name, args.sets, os.environ, install, env_file)
 
 
 def add_replica_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,6 +80,6 @@ def add_replica_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def compose_plan(args: argparse.Namespace) -> Plan:
-    """The plan the compose commands run: the profile argument or $PROFILE, with overrides."""
-    name = profile_name(args, {**user_settings(), **os.environ})
-    return plan_for_compose(name, tuple(args.sets), os.environ)
+    """The plan the compose commands run, unchecked against a vLLM (the host's is not the
+    image's; the container's launcher checks its own)."""
+    return _plan(args, None)
