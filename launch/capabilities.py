@@ -4,7 +4,9 @@ Some knobs of the qualified configurations exist only in the fork that qualified
 all-reduce, complete-KV gather under DCP, the KDA decode selector, the B12X sparse-MLA attention
 backend). A knob that no code reads is silently ignored by vLLM, which is exactly how a wrong
 geometry goes unnoticed. So each knob a profile uses becomes a requirement; the requirement is met
-when the installed vLLM's Python source reads that name (or registers that attention backend).
+when the installed vLLM registers that name where vLLM looks it up (its env-variable table, the
+attention-backend enum, the parser tables, the offloading-backend choices, an `additional_config`
+read: `launch.vllm_registrations`).
 A missing requirement refuses the start unless the user names its fallback; the run is then
 marked unqualified. A few things a profile needs have no fallback (the start would fail later,
 after the weights load): those refuse whatever FALLBACKS says.
@@ -25,16 +27,15 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from launch import vllm_registrations as registrations
 from launch.deviations import expect_key
 from launch.errors import ProfileError
 from launch.kv_offload import OFF
-from launch.profile import Profile
+from launch.profile import Features, Profile, SplitPages
 
-_ENUM_MEMBER = re.compile(r"^\s{4}([A-Z][A-Z0-9_]*)\s*=", re.MULTILINE)
 _REGISTRY = Path("v1/attention/backends/registry.py")
 LMCACHE_CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.lmcache_mp_connector"
 """The module vLLM loads for --kv-offloading-backend lmcache (LMCacheMPConnector)."""
-_REGISTRY_KEY = re.compile(r'^    "([\w.-]+)": \(', re.MULTILINE)
 _TORCH_REQ = re.compile(r"^torch\s*(?P<spec>[=<>!~][^;]*)?(?:;.*)?$")
 # vLLM 0.33.0's draft cache under DCP: the model runner keeps a draft's cache replicated only when
 # the speculator's DCP size is 1, and the speculator takes the target's DCP size.
@@ -45,55 +46,97 @@ _SPECULATOR_TAKES_TARGET_DCP = (
     "self.dcp_size = vllm_config.parallel_config.decode_context_parallel_size"
 )
 
+FEATURE_ENV: dict[str, dict[str, str]] = {
+    # Seed 000 names its runtime's launcher variables (B12X_PCIE_ALLREDUCE=1, DCP_CKV_GATHER=1); the
+    # qualified image's serve script turns them into what its vLLM registers in envs.py
+    # (`export VLLM_ENABLE_PCIE_ALLREDUCE="${b12x_pcie_allreduce}"`, `export
+    # VLLM_PCIE_ALLREDUCE_BACKEND=b12x`, `export VLLM_B12X_MLA_CKV_GATHER="${dcp_ckv_gather}"`).
+    # `launch run` starts `vllm serve` itself, so it sets vLLM's own names: the launcher's would be
+    # read by nothing.
+    "b12x_pcie_allreduce": {
+        "VLLM_ENABLE_PCIE_ALLREDUCE": "1",
+        "VLLM_PCIE_ALLREDUCE_BACKEND": "b12x",
+    },
+    "dcp_ckv_gather": {"VLLM_B12X_MLA_CKV_GATHER": "1"},
+}
+"""Environment by feature: what vLLM must register for the feature to take effect."""
+SPLIT_ENV = ("VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE", "VLLM_GLM53_SPLIT_MAMBA_BLOCK_SIZE")
+"""The split-page sizes (patches/vllm series, patch 2, registers both in envs.py)."""
+
+
+def split_env(split: SplitPages) -> dict[str, str]:
+    return dict(zip(SPLIT_ENV, (str(split.target_block_size), str(split.mamba_block_size)),
+                    strict=True))  # fmt: skip
+
+
+def feature_env(features: Features) -> dict[str, str]:
+    """The environment that turns the profile's features on in a vLLM that registers them."""
+    env = {k: v for name, values in FEATURE_ENV.items() if getattr(features, name)
+           for k, v in values.items()}  # fmt: skip
+    if features.split_pages is not None:
+        env.update(split_env(features.split_pages))
+    return env
+
 
 @dataclass(frozen=True)
 class VllmInstall:
-    """A vLLM package directory, read as text (importing vLLM would pull in torch and CUDA)."""
+    """A vLLM package directory and what it registers (read by `launch.vllm_registrations`)."""
 
     root: Path
     version: str
 
-    @cached_property
-    def _sources(self) -> tuple[str, ...]:
-        return tuple(
-            path.read_text(encoding="utf-8", errors="replace")
-            for path in sorted(self.root.rglob("*.py"))
-        )
+    def _read(self, path: str | Path) -> str:
+        file = self.root / path
+        return file.read_text(encoding="utf-8") if file.is_file() else ""
 
-    def reads(self, token: str) -> bool:
-        """True when some vLLM source file contains `token` (an env var or config key name)."""
-        return any(token in text for text in self._sources)
+    @cached_property
+    def env_vars(self) -> dict[str, tuple[str, ...] | None]:
+        """envs.py's `environment_variables`: name -> declared choices (None: any value)."""
+        return registrations.env_table(self._read("envs.py"))
+
+    def env_problem(self, wanted: dict[str, str]) -> str | None:
+        """Why setting `wanted` would not take effect here, or None when vLLM registers each name
+        (and lists the value among the name's choices, where it declares choices)."""
+        missing = [name for name in wanted if name not in self.env_vars]
+        if missing:
+            return f"envs.py does not register {', '.join(missing)}"
+        for name, value in wanted.items():
+            choices = self.env_vars[name]
+            if choices is not None and value not in choices:
+                return f"envs.py gives {name} the choices {', '.join(choices)}, not {value}"
+        return None
 
     @cached_property
     def attention_backends(self) -> frozenset[str]:
         """Names of `AttentionBackendEnum` members in this vLLM."""
-        path = self.root / _REGISTRY
-        if not path.is_file():
-            return frozenset()
-        text = path.read_text(encoding="utf-8")
-        start = text.find("class AttentionBackendEnum")
-        end = text.find("\nclass ", start + 1)
-        return frozenset(_ENUM_MEMBER.findall(text[start : end if end > 0 else None]))
-
-    def _registry(self, path: str, table: str) -> frozenset[str]:
-        """Names of a lazy-registration table (`NAME = {"name": (module, class), ...}`)."""
-        file = self.root / path
-        if not file.is_file():
-            return frozenset()
-        text = file.read_text(encoding="utf-8")
-        start = text.find(f"{table} = {{")
-        if start < 0:
-            return frozenset()
-        end = text.find("\n}", start)
-        return frozenset(_REGISTRY_KEY.findall(text[start:end]))
+        return registrations.enum_members(self._read(_REGISTRY), "AttentionBackendEnum")
 
     @cached_property
     def reasoning_parsers(self) -> frozenset[str]:
-        return self._registry("reasoning/__init__.py", "_REASONING_PARSERS_TO_REGISTER")
+        return registrations.table_keys(
+            self._read("reasoning/__init__.py"), "_REASONING_PARSERS_TO_REGISTER"
+        )
 
     @cached_property
     def tool_parsers(self) -> frozenset[str]:
-        return self._registry("tool_parsers/__init__.py", "_TOOL_PARSERS_TO_REGISTER")
+        return registrations.table_keys(
+            self._read("tool_parsers/__init__.py"), "_TOOL_PARSERS_TO_REGISTER"
+        )
+
+    @cached_property
+    def kv_offloading_backends(self) -> frozenset[str]:
+        """The choices of --kv-offloading-backend (config/cache.py's `KVOffloadingBackend`)."""
+        return registrations.literal_alias(self._read("config/cache.py"), "KVOffloadingBackend")
+
+    @cached_property
+    def additional_config_keys(self) -> frozenset[str]:
+        """Keys some vLLM code reads from `additional_config`."""
+        keys: set[str] = set()
+        for path in sorted(self.root.rglob("*.py")):
+            text = path.read_text(encoding="utf-8", errors="replace")
+            if "additional_config" in text:  # only these files can read one; parse just them
+                keys |= registrations.mapping_keys_read(text, "additional_config")
+        return frozenset(keys)
 
     @cached_property
     def draft_replication_problem(self) -> str | None:
@@ -225,46 +268,41 @@ def requirements(p: Profile) -> list[Requirement]:
     """The fork-sensitive knobs this profile uses, in a stable order."""
     reqs: list[Requirement] = []
     f, e = p.features, p.engine
-    if f.b12x_pcie_allreduce:
+    for feature, fallback, expect_dropped in (
+        ("b12x_pcie_allreduce",
+         "vLLM's own all-reduce selection (custom all-reduce or NCCL) instead of B12X PCIe",
+         ("backends",)),
+        ("dcp_ckv_gather", "DCP decode without the complete-KV gather path", ()),
+    ):
+        if not getattr(f, feature):
+            continue
+        env = FEATURE_ENV[feature]
         reqs.append(
             Requirement(
-                "b12x_pcie_allreduce",
-                "features.b12x_pcie_allreduce",
+                feature,
+                f"features.{feature}",
                 "true",
-                "vLLM must read B12X_PCIE_ALLREDUCE",
-                "vLLM's own all-reduce selection (custom all-reduce or NCCL) instead of B12X PCIe",
-                lambda v: v.reads("B12X_PCIE_ALLREDUCE"),
-                lambda q: _replace(q, b12x_pcie_allreduce=False),
-                ("backends",),
+                "vLLM must register " + " and ".join(f"{k}={v}" for k, v in env.items()),
+                fallback,
+                lambda v, env=env: v.env_problem(env) is None,
+                lambda q, feature=feature: _replace(q, **{feature: False}),
+                expect_dropped,
+                explain=lambda v, env=env: v.env_problem(env),
             )
-        )
-    if f.dcp_ckv_gather:
-        reqs.append(
-            Requirement(
-                "dcp_ckv_gather",
-                "features.dcp_ckv_gather",
-                "true",
-                "vLLM must read DCP_CKV_GATHER",
-                "DCP decode without the complete-KV gather path",
-                lambda v: v.reads("DCP_CKV_GATHER"),
-                lambda q: _replace(q, dcp_ckv_gather=False),
-                (),
-            )
-        )
+        )  # fmt: skip
     if f.split_pages is not None:
+        split = split_env(f.split_pages)
         reqs.append(
             Requirement(
                 "split_pages",
                 "features.split_pages",
                 "target/mamba block sizes",
-                "vLLM must read VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE (patches/vllm series, patch 2)",
+                f"vLLM must register {' and '.join(SPLIT_ENV)} (patches/vllm series, patch 2)",
                 "vLLM's automatic hybrid alignment, which promotes the target block",
-                lambda v: (
-                    v.reads("VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE")
-                    and v.reads("VLLM_GLM53_SPLIT_MAMBA_BLOCK_SIZE")
-                ),
+                lambda v: v.env_problem(split) is None,
                 lambda q: _replace(q, split_pages=None),
                 ("block_sizes", "page_bytes", "kv_cache_tokens_min", "max_concurrency_min"),
+                explain=lambda v: v.env_problem(split),
             )
         )
     if e.attention_backend is not None:
@@ -336,15 +374,19 @@ def requirements(p: Profile) -> list[Requirement]:
                 "kv_offload",
                 "engine.kv_offload.backend",
                 backend,
-                "vLLM must read --kv-offloading-backend"
+                f"vLLM must accept --kv-offloading-backend {backend}"
                 + (" and the image must provide LMCache built for its torch"
                    if backend == "lmcache" else ""),
                 "GPU KV cache only, no host tier",
-                lambda v, b=backend: v.reads("kv_offloading_backend")
+                lambda v, b=backend: b in v.kv_offloading_backends
                 and (b != "lmcache" or v.lmcache_problem is None),
                 lambda q: _replace(q, kv_offload=None),
                 (),
-                explain=lambda v, b=backend: v.lmcache_problem if b == "lmcache" else None,
+                explain=lambda v, b=backend: (
+                    f"its KVOffloadingBackend is {', '.join(sorted(v.kv_offloading_backends))}"
+                    if b not in v.kv_offloading_backends
+                    else v.lmcache_problem if b == "lmcache" else None
+                ),
             )
         )  # fmt: skip
     for key in sorted(e.additional_config or {}):
@@ -355,7 +397,7 @@ def requirements(p: Profile) -> list[Requirement]:
                 json.dumps(e.additional_config[key]),
                 f"vLLM must read the additional-config key {key!r}",
                 f"the key {key!r} is left out and vLLM's default applies",
-                lambda v, k=key: v.reads(f'"{k}"') or v.reads(f"'{k}'"),
+                lambda v, k=key: k in v.additional_config_keys,
                 lambda q, k=key: _replace(
                     q,
                     additional_config={

@@ -1,8 +1,8 @@
 """Render a resolved profile to the exact `vllm serve` argv and environment (a pure function).
 
 Flags are derived from the EngineArgs field names (`max_num_seqs` -> `--max-num-seqs`), nested
-configs become compact JSON, and fork features become the environment variables the qualified
-image reads. The result is an argv list, never a shell string.
+configs become compact JSON, and fork features become the environment variables vLLM registers
+for them (`launch.capabilities.feature_env`). The result is an argv list, never a shell string.
 """
 
 from __future__ import annotations
@@ -13,19 +13,12 @@ import shlex
 from dataclasses import dataclass, fields
 from typing import Any
 
-from launch.capabilities import Resolution
+from launch.capabilities import Resolution, feature_env
 from launch.deviations import Changed, Deviation, FellBack, NotChecked
 from launch.kv_offload import OFF, OFFLOAD_FLAGS
 from launch.loader import Loaded, drop_expectations
-from launch.profile import EngineArgs, Features, KVOffload, Profile
+from launch.profile import EngineArgs, KVOffload, Profile
 from launch.schema import to_plain
-
-# Environment variables by feature; the names are the ones the seeds' qualified runs used.
-FEATURE_ENV = {
-    "b12x_pcie_allreduce": "B12X_PCIE_ALLREDUCE",
-    "dcp_ckv_gather": "DCP_CKV_GATHER",
-}
-SPLIT_ENV = ("VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE", "VLLM_GLM53_SPLIT_MAMBA_BLOCK_SIZE")
 
 
 @dataclass(frozen=True)
@@ -87,14 +80,6 @@ def engine_argv(engine: EngineArgs) -> list[str]:
         else:
             argv += [flag(f.name), str(value)]
     return [*argv, *offload_argv(engine.kv_offload), *engine.extra_args]
-
-
-def feature_env(features: Features) -> dict[str, str]:
-    env = {FEATURE_ENV[name]: "1" for name in FEATURE_ENV if getattr(features, name)}
-    if features.split_pages is not None:
-        env[SPLIT_ENV[0]] = str(features.split_pages.target_block_size)
-        env[SPLIT_ENV[1]] = str(features.split_pages.mamba_block_size)
-    return env
 
 
 def render(loaded: Loaded, resolution: Resolution) -> Plan:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import jsonschema
 import requests
 
 from smoke.api import (
@@ -65,23 +66,13 @@ NEEDLE_QUESTION = "What is the secret code for the vault? Answer with the code o
 FILLER = ("The river bends past the old mill, where the miller keeps his ledgers in a dry "
           "room above the wheel. ")  # fmt: skip
 RED = (220, 20, 20)
-_TYPES = {"string": str, "number": (int, float), "integer": int, "boolean": bool, "object": dict}
 
 
 def schema_problems(value: Any, schema: dict[str, Any]) -> list[str]:
-    """What keeps `value` from matching a flat object schema (types, required keys, no extra
-    keys when additionalProperties is false): the subset the tool and the JSON check use."""
-    if not isinstance(value, dict):
-        return [f"not an object: {value!r}"]
-    props = schema.get("properties", {})
-    problems = [f"missing {k!r}" for k in schema.get("required", []) if k not in value]
-    if schema.get("additionalProperties") is False:
-        problems += [f"unexpected {k!r}" for k in value if k not in props]
-    for key, sub in props.items():
-        want = _TYPES.get(sub.get("type", ""))
-        if key in value and want is not None and not isinstance(value[key], want):
-            problems.append(f"{key!r} is not a {sub['type']}")
-    return problems
+    """What keeps `value` (a tool call's arguments, a JSON answer) from matching its JSON Schema,
+    in jsonschema's words; empty when it matches."""
+    validator = jsonschema.Draft202012Validator(schema)
+    return [error.message for error in sorted(validator.iter_errors(value), key=str)]
 
 
 def _message(data: dict[str, Any]) -> dict[str, Any]:

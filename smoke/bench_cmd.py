@@ -123,7 +123,8 @@ def _log_facts(log: str | None, profile: str) -> dict[str, Any] | None:
     keys = ("engine_version", "gpu_names", "kv_cache_tokens", "max_concurrency",
             "max_concurrency_tokens", "kv_cache_device", "kv_geometry", "kv_offload", "backends",
             "startup_failed")  # fmt: skip
-    return {key: getattr(facts, key) for key in keys}
+    plain = facts.to_json()
+    return {key: plain[key] for key in keys}
 
 
 async def run_cells(args: argparse.Namespace, target: Target, settings: Settings,

@@ -21,6 +21,7 @@ from smoke.agent_api import DEFAULT_CONCURRENCY
 from smoke.api import Server, served_context
 from smoke.checks import CHECK_KEYS, Context, run_request_checks
 from smoke.containers import ContainerLogs, connect, find_service_containers
+from smoke.log_facts import LogFacts
 from smoke.logparse import LogParser
 from smoke.ready import LogSource, LogTail, settle_log, wait_ready
 from smoke.verdict import exit_status, format_table, geometry_checks, to_json
@@ -82,9 +83,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
-def engine_hash_block(facts: dict) -> int | None:
+def engine_hash_block(facts: LogFacts) -> int | None:
     """The prefix-cache hash block the engine's geometry line reports, if it has been read."""
-    value = (facts.kv_geometry or {}).get("hash_block")
+    value = facts.kv_geometry and facts.kv_geometry.hash_block
     return value if isinstance(value, int) and value > 0 else None
 
 

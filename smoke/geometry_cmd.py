@@ -12,7 +12,8 @@ from launch.cli_args import add_set_argument
 from launch.compose_env import user_settings
 from launch.errors import ProfileError
 from launch.plan import build_plan
-from smoke.logparse import LogFacts, parse_lines
+from smoke.log_facts import LogFacts
+from smoke.logparse import parse_lines
 from smoke.verdict import exit_status, format_table, geometry_checks, to_json
 
 NAME = "geometry"

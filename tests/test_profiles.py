@@ -83,8 +83,10 @@ def test_dflash_profile_renders_seed_000_configuration():
     assert flag_value(argv, "--additional-config") == '{"glm53_kda_decode_backend":"auto"}'
     assert p.env == {
         "CUDA_VISIBLE_DEVICES": "0,1,2,3",
-        "B12X_PCIE_ALLREDUCE": "1",
-        "DCP_CKV_GATHER": "1",
+        # seed 000's B12X_PCIE_ALLREDUCE=1 and DCP_CKV_GATHER=1, as the fork's vLLM reads them
+        "VLLM_ENABLE_PCIE_ALLREDUCE": "1",
+        "VLLM_PCIE_ALLREDUCE_BACKEND": "b12x",
+        "VLLM_B12X_MLA_CKV_GATHER": "1",
     }
     assert p.qualified and p.deviations == ()
 
@@ -225,7 +227,7 @@ def test_fork_tree_meets_every_requirement(fork_vllm_tree):
         loaded = load(name)
         res = resolve(loaded.profile, find_vllm(fork_vllm_tree))
         assert res.qualified and res.profile == loaded.profile
-        assert render(loaded, res).checked_against.startswith("vLLM 0.33.0+fork")
+        assert render(loaded, res).checked_against == f"vLLM 0.33.0 at {fork_vllm_tree}"
 
 
 @pytest.mark.parametrize("name", ["dflash-tp4-dcp4", "mtp3-tp4-split"])

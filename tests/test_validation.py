@@ -112,7 +112,7 @@ def run_launch(
         "import json, os, sys\n"
         "open(os.environ['KIT_TEST_MARKER'], 'w').write(json.dumps("
         "{'argv': sys.argv[1:], 'env': {k: os.environ.get(k) for k in "
-        "('CUDA_VISIBLE_DEVICES', 'B12X_PCIE_ALLREDUCE', 'DCP_CKV_GATHER')}}))\n"
+        "('CUDA_VISIBLE_DEVICES', 'VLLM_ENABLE_PCIE_ALLREDUCE', 'VLLM_B12X_MLA_CKV_GATHER')}}))\n"
     )
     fake.chmod(0o755)
     env = {
@@ -191,7 +191,7 @@ def test_missing_capability_refuses_unless_fallback_named(tmp_path):
 
     started = json.loads((tmp_path / "started").read_text())
     assert "--additional-config" not in started["argv"]
-    assert started["env"]["B12X_PCIE_ALLREDUCE"] is None
+    assert started["env"]["VLLM_ENABLE_PCIE_ALLREDUCE"] is None
 
 
 def test_extra_args_vllm_refuses_stop_launch_run_before_anything_starts(tmp_path):
@@ -236,8 +236,8 @@ def test_run_execs_vllm_with_the_rendered_argv_and_environment(tmp_path, fork_vl
     assert started["argv"] == list(expected.argv[1:])
     assert started["env"] == {
         "CUDA_VISIBLE_DEVICES": "4,5,6,7",
-        "B12X_PCIE_ALLREDUCE": "1",
-        "DCP_CKV_GATHER": "1",
+        "VLLM_ENABLE_PCIE_ALLREDUCE": "1",
+        "VLLM_B12X_MLA_CKV_GATHER": "1",
     }
 
 

@@ -448,8 +448,8 @@ def real_engine_geometry(run: Run, smoke_out: str) -> str:
     if failed != ["log: page bytes"]:
         raise StepFailed(f"page bytes {wrong} made {failed} fail, not exactly 'log: page bytes'")
     g = facts.kv_geometry
-    return (f"plugin: {g['num_blocks']} blocks of {g['block_sizes']} tokens, pages "
-            f"{g['page_bytes']}, layers {g['layers']}; page bytes {wrong} fails 'log: page bytes'")
+    return (f"plugin: {g.num_blocks} blocks of {g.block_sizes} tokens, pages "
+            f"{g.page_bytes}, layers {g.layers}; page bytes {wrong} fails 'log: page bytes'")
 
 
 def vllm_bench(run: Run, tokenizer: Path, *args: str) -> dict:

@@ -109,21 +109,21 @@ def report_facts(specs: dict) -> tuple[dict, object]:
 def test_the_report_describes_every_role_and_the_scheduler(real_specs, split_512):
     facts, result = report_facts(real_specs["mtp3"]["vllm"])
     geometry = facts.kv_geometry
-    assert geometry["layout"] == "BLNHC"
-    assert (geometry["stride_bytes"], geometry["num_blocks"], geometry["tokens"]) == (
+    assert geometry.layout == "BLNHC"
+    assert (geometry.stride_bytes, geometry.num_blocks, geometry.tokens) == (
         result.stride, result.config.num_blocks, result.tokens,
     )  # fmt: skip
-    assert geometry["scheduler_block"] == result.scheduler_block == 512
-    assert geometry["hash_block"] == 512
+    assert geometry.scheduler_block == result.scheduler_block == 512
+    assert geometry.hash_block == 512
     kinds = by_kind(real_specs["mtp3"]["vllm"])
-    assert geometry["block_sizes"] == {
+    assert geometry.block_sizes == {
         role: specs[0].block_size for role, specs in kinds.items()
     } == {"latent": 512, "indexer": 512, "tail_ring": 8, "recurrent": 512}  # fmt: skip
     pages = {role: specs[0].page_size_bytes for role, specs in kinds.items()}
-    assert geometry["page_bytes"] == pages
+    assert geometry.page_bytes == pages
     layers = {}
-    for g in geometry["groups"]:
-        layers[g["role"]] = layers.get(g["role"], 0) + g["layers"]
+    for g in geometry.groups:
+        layers[g.role] = layers.get(g.role, 0) + g.layers
     assert layers == {"latent": 11, "indexer": 11, "tail_ring": 11, "recurrent": 34}
 
 
@@ -157,7 +157,7 @@ def test_grouping_logs_the_runtimes_second_split_line(real_specs, split_512):
     assert lines == [line]
     assert pages == [4096, 16_896, 335_872, 1_122_304]  # as patch 0002's header states
     facts = parse_lines([f"(EngineCore pid=1) INFO 12-01 10:00:00 [kv_cache_planning.py:1] {line}"])
-    assert facts.split_pages["physical_page_bytes"] == pages
+    assert facts.split_pages.physical_page_bytes == pages
 
 
 @pytest.mark.parametrize("profile", ["mtp3-tp4-split", "dflash-tp4-dcp4"])
@@ -189,11 +189,11 @@ def test_the_plugin_reports_each_glm_profile_from_the_engine_cores_call(
     assert len(lines) == 1
     facts = parse_lines([f"(EngineCore pid=1) INFO 12-01 10:00:00 [__init__.py:60] {lines[0]}"])
     geometry = facts.kv_geometry
-    assert geometry["num_blocks"] == configs[0].num_blocks == want.config.num_blocks
-    assert geometry["stride_bytes"] == want.stride
-    assert geometry["layers"] == {"latent": 11, "indexer": 11, "tail_ring": 11, "recurrent": 34}
+    assert geometry.num_blocks == configs[0].num_blocks == want.config.num_blocks
+    assert geometry.stride_bytes == want.stride
+    assert geometry.layers == {"latent": 11, "indexer": 11, "tail_ring": 11, "recurrent": 34}
     dcp = config.parallel_config.decode_context_parallel_size
-    assert {(g["role"], g["cp_size"]) for g in geometry["groups"]} == {
+    assert {(g.role, g.cp_size) for g in geometry.groups} == {
         ("latent", dcp), ("indexer", dcp), ("tail_ring", 1), ("recurrent", 1),
     }  # fmt: skip
     # the DFlash draft's specs are not built here (its block size is the draft's own check)

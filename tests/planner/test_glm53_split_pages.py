@@ -11,6 +11,7 @@ import pytest
 from vllm.platforms.interface import Platform, glm53_split_block_sizes
 from vllm.v1.attention.backends.mla.flashmla_sparse import FlashMLASparseBackend
 
+from smoke.log_facts import SplitPageFacts
 from smoke.logparse import parse_lines
 from tests.planner.planning import info_lines, plan
 from tests.planner.seed_shapes import mla, mtp_split_seed, recurrent, vllm_config
@@ -48,6 +49,23 @@ def test_the_variables_are_registered_so_hard_fail_validation_accepts_them(split
 
     assert envs.VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE == "512"
     Platform.validate_environ(hard_fail=True)  # raises "Unknown vLLM environment variable"
+
+
+def test_launch_detects_the_patched_registration():
+    """`launch run` on the patched vLLM meets split_pages from envs.py's table, the table
+    vllm.envs answers from (so the image with the series applied runs mtp3's split pages)."""
+    from pathlib import Path
+
+    import vllm
+    from vllm import envs
+
+    from launch.capabilities import find_vllm, requirements
+    from launch.loader import load
+
+    install = find_vllm(Path(vllm.__file__).parent)
+    assert set(install.env_vars) == set(envs.environment_variables)
+    split = next(r for r in requirements(load("mtp3-tp4-split").profile) if r.name == "split_pages")
+    assert split.met(install)
 
 
 def test_inherited_variable_does_not_touch_another_architecture(split_512):
@@ -123,8 +141,7 @@ def test_platform_keeps_both_blocks_and_logs_the_runtime_line(split_512):
             "block size 512 tokens.")  # fmt: skip
     assert lines == [line]
     facts = parse_lines([f"(EngineCore pid=1) INFO 12-01 10:00:00 [interface.py:1] {line}"])
-    assert facts.split_pages == {"target_block_size": 512, "recurrent_block_size": 512,
-                                    "physical_page_bytes": None}  # fmt: skip
+    assert facts.split_pages == SplitPageFacts(512, 512, None)
 
 
 def test_a_different_user_block_size_is_refused_not_replaced(split_512):
