@@ -15,11 +15,16 @@ from typing import Any
 from launch.kv_offload import OFF
 
 GLM53_ARCHITECTURE = "Glm5NextForConditionalGeneration"
+STRICT: dict[str, Any] = {"extra": "forbid"}
+"""pydantic's config of every model dataclass (launch.schema validates with pydantic): a key the
+dataclass does not have is refused, never ignored."""
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """vLLM's `--speculative-config` keys used by the profiles (SpeculativeConfig field names)."""
+
+    __pydantic_config__ = STRICT
 
     method: str
     num_speculative_tokens: int
@@ -34,6 +39,8 @@ class SpeculativeConfig:
 class CompilationConfig:
     """vLLM's `--compilation-config` keys used by the profiles (CompilationConfig field names)."""
 
+    __pydantic_config__ = STRICT
+
     cudagraph_mode: str | None = None
     max_cudagraph_capture_size: int | None = None
 
@@ -42,6 +49,8 @@ class CompilationConfig:
 class KVOffload:
     """A host-memory KV tier below the GPU cache: vLLM's `--kv-offloading-backend` and
     `--kv-offloading-size` (rendered only when the backend is not `vram`)."""
+
+    __pydantic_config__ = STRICT
 
     backend: str = OFF
     """`vram` (no host tier: GPU KV cache only), `native` (vLLM's own CPU offload, staged through
@@ -55,6 +64,8 @@ class KVOffload:
 @dataclass(frozen=True)
 class EngineArgs:
     """Arguments of `vllm serve`, named as vLLM's EngineArgs fields; each renders as --field."""
+
+    __pydantic_config__ = STRICT
 
     model: str
     revision: str | None = None
@@ -109,6 +120,8 @@ class EngineArgs:
 class SplitPages:
     """Independent target-MLA and recurrent-state page sizes (seed 004's opt-in contract)."""
 
+    __pydantic_config__ = STRICT
+
     target_block_size: int
     mamba_block_size: int
 
@@ -120,6 +133,8 @@ class Features:
     Whether the installed vLLM reads them is detected (`launch.capabilities`), never assumed.
     """
 
+    __pydantic_config__ = STRICT
+
     b12x_pcie_allreduce: bool = False
     dcp_ckv_gather: bool = False
     split_pages: SplitPages | None = None
@@ -128,6 +143,8 @@ class Features:
 @dataclass(frozen=True)
 class Deployment:
     """Where and how the server runs; nothing here changes what the model computes."""
+
+    __pydantic_config__ = STRICT
 
     device: str = "cuda"
     """`cuda` (GPUs reserved through the NVIDIA runtime) or `cpu` (vLLM's CPU build, no GPU)."""
@@ -154,6 +171,8 @@ class Expect:
 
     Every value set here is cited in `sources` (field name -> where the number comes from).
     """
+
+    __pydantic_config__ = STRICT
 
     engine_version: str | None = None
     kv_cache_tokens: int | None = None
@@ -190,6 +209,8 @@ class Smoke:
     """The smoke check's request checks that depend on the model, not on the flags: the parser
     checks follow from the engine's parsers, these from what the model can do."""
 
+    __pydantic_config__ = STRICT
+
     vision: bool = False
     """The model takes images: a single-colour PNG made in memory must be named."""
     context_tokens: int | None = None
@@ -202,6 +223,8 @@ class Smoke:
 @dataclass(frozen=True)
 class Profile:
     """A named, qualified serving configuration."""
+
+    __pydantic_config__ = STRICT
 
     name: str
     summary: str

@@ -1,7 +1,8 @@
 """Strict conversion between plain data (YAML, override text) and the typed profile model.
 
-Types come from the dataclass annotations, so the model in `launch.profile` is the only schema:
-an unknown key, a wrong type or a missing field is a `ProfileError` naming the dotted path.
+Types come from the dataclass annotations, so the model in `launch.profile` is the only schema;
+pydantic validates against it. An unknown key, a wrong type or a missing field is a
+`ProfileError` naming the dotted path.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import json
 import types
 from collections.abc import Mapping
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+
+from pydantic import TypeAdapter, ValidationError
 
 from launch.errors import ProfileError
 
@@ -52,65 +55,89 @@ def _type_name(hint: Any) -> str:
 
 
 def build(cls: type[T], data: Any, path: str) -> T:
-    """Build dataclass `cls` from plain data, rejecting unknown keys and wrong types."""
-    if not isinstance(data, Mapping):
-        raise ProfileError(
-            path, data, "must be a mapping of keys to values", "write it as key: value lines"
-        )
-    hints = _hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    for key in data:
-        if key not in fields:
-            close = difflib.get_close_matches(str(key), list(fields), n=1)
-            hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(fields)}"
-            raise ProfileError(
-                f"{path}.{key}" if path else str(key),
-                data[key],
-                "unknown key (a typo would otherwise be ignored)",
-                hint,
-            )
-    kwargs: dict[str, Any] = {}
-    for name, f in fields.items():
-        sub = f"{path}.{name}" if path else name
-        if name in data:
-            kwargs[name] = convert(hints[name], data[name], sub)
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ProfileError(sub, None, "is required", f"add '{name}:' to the profile")
-    return cls(**kwargs)
+    """Build dataclass `cls` from plain data with pydantic's strict JSON-mode validation (a YAML
+    list makes a tuple and an integer a float; a string is no number and true is no integer),
+    every model dataclass refusing keys it does not have (`STRICT`). The first problem becomes
+    one ProfileError naming its dotted path, the rule and the fix."""
+    try:
+        text = json.dumps(data)
+    except (TypeError, ValueError):
+        bad, where = _not_json(data, path)
+        raise ProfileError(where, bad, "is not plain YAML data (a number, string, true/false, "
+                           "list or mapping)", "quote it as a string") from None  # fmt: skip
+    try:
+        return TypeAdapter(cls).validate_json(text, strict=True)
+    except ValidationError as exc:
+        errors = exc.errors()
+        # an unknown key first: a misspelt key also makes the real one missing
+        first = next((e for e in errors if e["type"] == "unexpected_keyword_argument"), errors[0])
+        raise _problem(cls, path, first) from None
 
 
-def convert(hint: Any, value: Any, path: str) -> Any:
-    """Convert one plain value to the annotated type."""
+def _not_json(data: Any, path: str) -> tuple[Any, str]:
+    """The first value below `data` that JSON cannot hold, and its path."""
+    if isinstance(data, Mapping):
+        for key, value in data.items():
+            found = _not_json(value, f"{path}.{key}" if path else str(key))
+            if found[1]:
+                return found
+        return None, ""
+    if isinstance(data, list | tuple):
+        for i, value in enumerate(data):
+            found = _not_json(value, f"{path}[{i}]")
+            if found[1]:
+                return found
+        return None, ""
+    try:
+        json.dumps(data)
+    except (TypeError, ValueError):
+        return data, path or "(profile)"
+    return None, ""
+
+
+def _problem(cls: type, path: str, error: Any) -> ProfileError:
+    loc = error["loc"]
+    where = path
+    for part in loc:
+        if isinstance(part, int):
+            where = f"{where}[{part}]"
+        else:
+            where = f"{where}.{part}" if where else str(part)
+    hint = _hint_along(cls, loc)
+    value = error.get("input")
+    kind = error["type"]
+    if kind == "missing":
+        return ProfileError(where, None, "is required", f"add '{loc[-1]}:' to the profile")
+    if kind == "unexpected_keyword_argument":
+        known = [f.name for f in dataclasses.fields(_hint_along(cls, loc[:-1]))]
+        close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        fix = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(known)}"
+        return ProfileError(where, value, "unknown key (a typo would otherwise be ignored)", fix)
+    if kind in ("dataclass_type", "dataclass_exact_type"):
+        return ProfileError(where, value, "must be a mapping of keys to values",
+                            "write it as key: value lines")  # fmt: skip
+    if kind == "dict_type":
+        return ProfileError(where, value, "must be a mapping", "write it as key: value lines")
+    if kind in ("tuple_type", "list_type"):
+        return ProfileError(where, value, f"must be {_type_name(hint)}",
+                            "write it as a list, e.g. [0, 1]")  # fmt: skip
+    return ProfileError(where, value, f"must be {_type_name(hint)}", f"give {_type_name(hint)}")
+
+
+def _hint_along(cls: type, loc: tuple[str | int, ...]) -> Any:
+    """The annotated type at a pydantic error location below dataclass `cls`."""
+    hint: Any = cls
+    for part in loc:
+        inner = _optional_inner(hint)
+        hint = inner if inner is not None else hint
+        if dataclasses.is_dataclass(hint):
+            hint = _hints(hint).get(str(part))  # type: ignore[arg-type]
+        elif get_origin(hint) in (tuple, dict):
+            hint = get_args(hint)[-1] if get_origin(hint) is dict else get_args(hint)[0]
+        else:
+            return hint
     inner = _optional_inner(hint)
-    if inner is not None:
-        return None if value is None else convert(inner, value, path)
-    if dataclasses.is_dataclass(hint):
-        return build(hint, value, path)  # type: ignore[arg-type]
-    origin = get_origin(hint)
-    if origin is tuple:
-        if not isinstance(value, list | tuple):
-            raise ProfileError(
-                path, value, f"must be {_type_name(hint)}", "write it as a list, e.g. [0, 1]"
-            )
-        item = get_args(hint)[0]
-        return tuple(convert(item, v, f"{path}[{i}]") for i, v in enumerate(value))
-    if origin is dict:
-        if not isinstance(value, Mapping):
-            raise ProfileError(path, value, "must be a mapping", "write it as key: value lines")
-        _, val_hint = get_args(hint)
-        return {str(k): convert(val_hint, v, f"{path}.{k}") for k, v in value.items()}
-    if hint is Any:
-        return value
-    is_bool = isinstance(value, bool)
-    if (
-        (hint is bool and is_bool)
-        or (hint is int and isinstance(value, int) and not is_bool)
-        or (hint is str and isinstance(value, str))
-    ):
-        return value
-    if hint is float and isinstance(value, int | float) and not is_bool:
-        return float(value)
-    raise ProfileError(path, value, f"must be {_type_name(hint)}", f"give {_type_name(hint)}")
+    return inner if inner is not None else hint
 
 
 def parse_text(hint: Any, text: str, path: str) -> Any:

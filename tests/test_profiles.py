@@ -343,3 +343,56 @@ def test_an_expectation_name_that_expect_does_not_have_is_refused_where_written(
     with pytest.raises(ValueError, match="'page_byte' is not an expectation"):
         Requirement("x", "engine.x", "1", "needs", "fallback", lambda _: True, lambda p: p,
                     ("page_byte",))  # fmt: skip
+
+
+SCHEMA_PROBLEMS = [
+    # (where, value, message): each a profile YAML mistake, refused by pydantic over the model
+    (("engine", "max_num_seq"), 3,
+     "engine.max_num_seq=3: unknown key (a typo would otherwise be ignored). "
+     "Fix: did you mean 'max_num_seqs'?"),
+    (("engine", "max_num_seqs"), "16", "engine.max_num_seqs='16': must be an integer"),
+    (("engine", "max_num_seqs"), True, "engine.max_num_seqs=True: must be an integer"),
+    (("engine", "speculative_config", "num_speculative_tokens"), 7.5,
+     "engine.speculative_config.num_speculative_tokens=7.5: must be an integer"),
+    (("deployment", "gpu_devices"), 3,
+     "deployment.gpu_devices=3: must be a list of an integer. Fix: write it as a list"),
+    (("deployment", "gpu_devices"), [0, "x"], "deployment.gpu_devices[1]='x': must be an integer"),
+    (("engine",), 5, "engine=5: must be a mapping of keys to values"),
+    (("engine", "additional_config"), [1], "engine.additional_config=[1]: must be a mapping"),
+    (("expect", "block_sizes", "draft"), "x", "expect.block_sizes.draft='x': must be an integer"),
+    (("engine", "revision"), __import__("datetime").date(2026, 1, 1),
+     "engine.revision=datetime.date(2026, 1, 1): is not plain YAML data"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("where", "value", "message"), SCHEMA_PROBLEMS)
+def test_schema_refuses_each_mistake_naming_its_path(where, value, message):
+    from launch.errors import ProfileError
+    from launch.loader import read_raw
+    from launch.profile import Profile
+    from launch.schema import build
+
+    raw = read_raw("dflash-tp4-dcp4")
+    parent = raw
+    for key in where[:-1]:
+        parent = parent[key]
+    parent[where[-1]] = value
+    with pytest.raises(ProfileError) as refused:
+        build(Profile, raw, "")
+    assert str(refused.value).startswith(message)
+
+
+def test_a_missing_required_key_is_named():
+    from launch.errors import ProfileError
+    from launch.loader import read_raw
+    from launch.profile import Profile
+    from launch.schema import build
+
+    raw = read_raw("dflash-tp4-dcp4")
+    del raw["engine"]["model"]
+    raw["engine"]["modle"] = "x"  # the misspelling is what the user needs to hear about
+    with pytest.raises(ProfileError, match=r"^engine.modle='x': unknown key .* mean 'model'"):
+        build(Profile, raw, "")
+    del raw["engine"]["modle"]
+    with pytest.raises(ProfileError, match=r"^engine.model=None: is required"):
+        build(Profile, raw, "")

@@ -25,9 +25,10 @@ from smoke.bench.metrics import (
     EXTERNAL_HITS,
     PREFIX_HITS,
     acceptance_length,
+    counter_totals,
+    generation_tokens,
     parse_counter,
-    parse_generation_tokens,
-    parse_spec_counters,
+    spec_counters,
 )
 
 FILLER = "hello"
@@ -127,13 +128,13 @@ async def decode_cell(target: Target, settings: Settings, concurrency: int, dura
 
     workers = [asyncio.ensure_future(worker()) for _ in range(concurrency)]
     await asyncio.sleep(warmup)
-    text = await metrics_text(target) or ""
-    before, generated_before = parse_spec_counters(text), parse_generation_tokens(text)
+    totals = counter_totals(await metrics_text(target) or "")  # one parse per read
+    before, generated_before = spec_counters(totals), generation_tokens(totals)
     t0 = time.perf_counter()
     await asyncio.sleep(duration)
     t1 = time.perf_counter()
-    text = await metrics_text(target) or ""
-    after, generated_after = parse_spec_counters(text), parse_generation_tokens(text)
+    totals = counter_totals(await metrics_text(target) or "")
+    after, generated_after = spec_counters(totals), generation_tokens(totals)
     stop.set()
     await asyncio.gather(*workers, return_exceptions=True)
     window = t1 - t0

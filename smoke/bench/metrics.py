@@ -9,6 +9,7 @@ acceptance. The bench's receipts and the smoke's checks read the same counters t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -55,12 +56,16 @@ class SpecCounters:
     accepted_tokens: float
 
 
-def parse_spec_counters(text: str) -> SpecCounters | None:
-    """The speculative-decoding counters; None when the server exposes none of them."""
-    totals = counter_totals(text)
+def spec_counters(totals: Mapping[str, float]) -> SpecCounters | None:
+    """The speculative-decoding counters of `counter_totals`; None when the server exposes none."""
     if not any(metric in totals for metric in COUNTERS.values()):
         return None
     return SpecCounters(**{key: totals.get(metric, 0.0) for key, metric in COUNTERS.items()})
+
+
+def parse_spec_counters(text: str) -> SpecCounters | None:
+    """The speculative-decoding counters of a /metrics text."""
+    return spec_counters(counter_totals(text))
 
 
 def acceptance_length(before: SpecCounters | None, after: SpecCounters | None) -> float | None:
@@ -73,6 +78,11 @@ def acceptance_length(before: SpecCounters | None, after: SpecCounters | None) -
     return 1.0 + (after.accepted_tokens - before.accepted_tokens) / drafts
 
 
+def generation_tokens(totals: Mapping[str, float]) -> float | None:
+    """`vllm:generation_tokens_total` of `counter_totals`; None when the server has none."""
+    return totals.get(GENERATION.removesuffix("_total"))
+
+
 def parse_generation_tokens(text: str) -> float | None:
-    """`vllm:generation_tokens_total` from a /metrics text; None when the server has none."""
-    return parse_counter(text, GENERATION)
+    """`vllm:generation_tokens_total` from a /metrics text."""
+    return generation_tokens(counter_totals(text))
