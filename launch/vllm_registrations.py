@@ -54,6 +54,13 @@ def _is_name(node: ast.AST, name: str) -> bool:
     return isinstance(node, ast.Name) and node.id == name
 
 
+def _targets(node: ast.AST) -> list[ast.expr]:
+    """What an assignment statement assigns to (`a = b = v`, `a: T = v`); [] for anything else."""
+    if isinstance(node, ast.Assign):
+        return node.targets
+    return [node.target] if isinstance(node, ast.AnnAssign) else []
+
+
 def env_table(source: str) -> dict[str, tuple[str, ...] | None]:
     """envs.py's `environment_variables`: each registered name with its declared choices (None when
     the variable takes any value or its choices are computed). Reads the table's literal and every
@@ -61,8 +68,7 @@ def env_table(source: str) -> dict[str, tuple[str, ...] | None]:
     table: dict[str, tuple[str, ...] | None] = {}
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Assign | ast.AnnAssign):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for target in targets:
+            for target in _targets(node):
                 if _is_name(target, ENV_TABLE) and node.value is not None:
                     table.update((k, _choices(v)) for k, v in _dict_items(node.value))
                 if (
@@ -90,11 +96,8 @@ def enum_members(source: str, class_name: str) -> frozenset[str]:
         if isinstance(node, ast.ClassDef) and node.name == class_name:
             names = set()
             for statement in node.body:
-                targets = (
-                    statement.targets if isinstance(statement, ast.Assign)
-                    else [statement.target] if isinstance(statement, ast.AnnAssign) else []
-                )  # fmt: skip
-                names.update(t.id for t in targets if isinstance(t, ast.Name) and t.id.isupper())
+                names.update(t.id for t in _targets(statement)
+                             if isinstance(t, ast.Name) and t.id.isupper())  # fmt: skip
             return frozenset(names)
     return frozenset()
 
@@ -104,11 +107,7 @@ def table_keys(source: str, table: str) -> frozenset[str]:
     registries: `_REASONING_PARSERS_TO_REGISTER`, `_TOOL_PARSERS_TO_REGISTER`)."""
     keys: set[str] = set()
     for node in ast.parse(source).body:
-        targets = (
-            node.targets if isinstance(node, ast.Assign)
-            else [node.target] if isinstance(node, ast.AnnAssign) else []
-        )  # fmt: skip
-        if any(_is_name(t, table) for t in targets) and node.value is not None:
+        if any(_is_name(t, table) for t in _targets(node)) and node.value is not None:
             keys.update(k for k, _ in _dict_items(node.value))
     return frozenset(keys)
 
@@ -117,12 +116,10 @@ def literal_alias(source: str, alias: str) -> frozenset[str]:
     """The values of `<alias> = Literal["a", "b"]` (vLLM's config enums, which EngineArgs turns
     into argparse choices: `KVOffloadingBackend` -> `--kv-offloading-backend {native,lmcache}`)."""
     for node in ast.parse(source).body:
-        target = (
-            node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1
-            else node.target if isinstance(node, ast.AnnAssign) else None
-        )  # fmt: skip
-        value = node.value if isinstance(node, ast.Assign | ast.AnnAssign) else None
-        if target is None or not _is_name(target, alias) or not isinstance(value, ast.Subscript):
+        if not any(_is_name(t, alias) for t in _targets(node)):
+            continue
+        value = node.value  # type: ignore[attr-defined]
+        if not isinstance(value, ast.Subscript):
             continue
         inner = value.slice
         elts = inner.elts if isinstance(inner, ast.Tuple) else [inner]
