@@ -47,7 +47,7 @@ $(KIT_STAMP): pyproject.toml
 	touch $@
 
 lint: $(TEST_STAMP)
-	$(TEST_PY) -m ruff check launch smoke tests patches docker
+	$(TEST_PY) -m ruff check launch smoke kvgeometry tests patches docker
 
 # The kit's tests (pristine vLLM where vLLM is used), then the patched planner's invariants,
 # then vLLM's own planner tests unpatched and patched (one process cannot import two vLLMs).
@@ -76,7 +76,8 @@ configure: $(KIT_STAMP)
 	$(KIT_PY) -m launch configure $(PROFILE) $(if $(REPLICAS),--replicas $(REPLICAS))
 
 # The profile's model (and draft) at their pinned revisions into the weights volume, verified,
-# through compose's `fetch` service (the profile's image); run again to resume. CHECK=1 only asks.
+# through compose's `fetch` service (the profile's image); run again to resume. CHECK=1 only asks
+# (every file read against the digest recorded when it was verified).
 fetch: $(KIT_STAMP)
 	@test -n "$(PROFILE)" || { echo "usage: make fetch PROFILE=<name> [CHECK=1]"; exit 2; }
 	$(KIT_PY) -m launch fetch $(PROFILE) $(if $(CHECK),--check)

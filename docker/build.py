@@ -41,7 +41,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "docker")]
 from source_lock import ENGINE_LOCKS, encode, source_lock  # noqa: E402
 
 from launch.docker_api import bridge_address, connect  # noqa: E402
-from launch.errors import USAGE_EXIT, ProfileError  # noqa: E402
+from launch.errors import USAGE_EXIT, UsageError  # noqa: E402
 from launch.image_lock import BASES, resolve_image  # noqa: E402
 
 HOST_CA_DIR = Path("/usr/local/share/ca-certificates")
@@ -55,7 +55,7 @@ def kit_commit(allow_dirty: bool) -> str:
         ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
     )
     if result.returncode != 0:
-        raise ProfileError("git", str(ROOT), "is not a git checkout", "build from a clone")
+        raise UsageError("git", str(ROOT), "is not a git checkout", "build from a clone")
     # compose/images.lock is not an input of the image (the base digest is passed and recorded in
     # the source lock), so `make pin SOURCE=base` before `make build` does not make it dirty
     dirty = subprocess.run(
@@ -64,7 +64,7 @@ def kit_commit(allow_dirty: bool) -> str:
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     if dirty and not allow_dirty:
-        raise ProfileError(
+        raise UsageError(
             "git status",
             dirty.splitlines()[0].strip(),
             "tracked files are modified; the image must come from a commit",
@@ -78,7 +78,7 @@ def locked_torch(lock: Path) -> tuple[str, set[str]]:
     """The +cpu torch version and its allowed SHA-256 hashes from the CPU lock."""
     match = TORCH_CPU.search(lock.read_text(encoding="utf-8"))
     if match is None:
-        raise ProfileError(str(lock), "torch", "has no torch==<version>+cpu entry", "run make lock")
+        raise UsageError(str(lock), "torch", "has no torch==<version>+cpu entry", "run make lock")
     return match.group("version"), set(re.findall(r"sha256:(\w+)", match.group("hashes")))
 
 
@@ -114,7 +114,7 @@ def stage_torch_wheel(wheel: Path | None, inputs: Path) -> Path:
     for path in found:
         sha = hashlib.sha256(path.read_bytes()).hexdigest()
         if sha not in hashes:
-            raise ProfileError(
+            raise UsageError(
                 "--torch-wheel",
                 str(path),
                 f"sha256 {sha} is not in the CPU lock for torch=={version}",
@@ -198,13 +198,13 @@ def main(argv: list[str] | None = None) -> int:
         base = resolve_image(BASES[args.engine], os.environ)
         commit = kit_commit(args.allow_dirty)
         if args.torch_wheel is not None and not args.torch_wheel.is_file():
-            raise ProfileError(
+            raise UsageError(
                 "--torch-wheel",
                 str(args.torch_wheel),
                 "is not a file",
                 "give the path of the locked torch wheel",
             )
-    except ProfileError as err:
+    except UsageError as err:
         print(f"error: {err}", file=sys.stderr)
         return USAGE_EXIT
     lock_sha = hashlib.sha256(encode(source_lock(ROOT, args.engine, base, commit))).hexdigest()
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"build inputs served at {url} for this build only:\n"
                       f"{shlex.join(argv_served)}", flush=True)  # fmt: skip
                 return subprocess.run(argv_served, env=env, check=False).returncode
-    except ProfileError as err:
+    except UsageError as err:
         print(f"error: {err}", file=sys.stderr)
         return USAGE_EXIT
 

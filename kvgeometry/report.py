@@ -1,4 +1,4 @@
-"""The geometry line, formatted from the real KVCacheConfig the engine core planned.
+"""The geometry of the real KVCacheConfig the engine core planned, as `kvgeometry.line` writes it.
 
     KV cache geometry: layout=X stride_bytes=S num_blocks=N tokens=T scheduler_block=K
     hash_block=H group=G/ROLE/KIND/block=B/cp=C/layers=L/page_bytes=P ...
@@ -15,8 +15,8 @@ that role in the group; P their page bytes.
 
 Fields are read defensively, by name, from whichever vLLM runs (0.32 keeps the planner helpers in
 `kv_cache_utils`, 0.33 in `kv_cache_planning`): a value this vLLM cannot give is printed as
-`unknown`, never guessed. Spec classes are recognised by class name, so a class one vLLM lacks
-does not break the report.
+`unknown` (None in `KVGeometry`), never guessed. Spec classes are recognised by class name, so a
+class one vLLM lacks does not break the report.
 """
 
 from __future__ import annotations
@@ -25,9 +25,11 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-PREFIX = "KV cache geometry:"
-UNKNOWN = "unknown"
-HOOK_MISSING = PREFIX + " not reported: the kit's plugin cannot see the plan (%s)"
+from kvgeometry.line import MISSING, PREFIX, UNKNOWN, GeometryGroup, KVGeometry
+
+__all__ = ["HOOK_MISSING", "PREFIX", "UNKNOWN", "format_geometry", "geometry_of"]
+
+HOOK_MISSING = MISSING + "the kit's plugin cannot see the plan (%s)"
 """The WARNING when the engine core's planner call cannot be wrapped; %s says why."""
 PLANNER_MODULES = ("vllm.v1.core.kv_cache_planning", "vllm.v1.core.kv_cache_utils")
 """Where vLLM keeps the planner helpers, newest first."""
@@ -100,8 +102,12 @@ def _layer_spec(group: Any, layer: str) -> Any:
     return per_layer[layer] if isinstance(per_layer, dict) else spec
 
 
-def group_entries(index: int, group: Any, dcp: Any) -> list[str]:
-    """`group=` entries of one group, one per (role, kind, page size)."""
+def _known(value: Any) -> Any:
+    return None if value == UNKNOWN else value
+
+
+def group_entries(index: int, group: Any, dcp: Any) -> list[GeometryGroup]:
+    """The entries of one group, one per (role, kind, page size)."""
     spec = group.kv_cache_spec
     counts: dict[tuple[str, str, Any], int] = {}
     for name in group.layer_names:
@@ -109,24 +115,22 @@ def group_entries(index: int, group: Any, dcp: Any) -> list[str]:
         role, kind = role_and_kind(layer)
         key = (role, kind, _field(lambda layer=layer: layer.page_size_bytes))
         counts[key] = counts.get(key, 0) + 1
-    block = _field(lambda: spec.block_size)
+    block = _known(_field(lambda: spec.block_size))
     sharded = getattr(spec, "dcp_sharded", None)
     entries = []
     for (role, kind, page), layers in counts.items():
         if role in ("recurrent", "other"):
             cp: Any = 1
         elif sharded is None or dcp == UNKNOWN:
-            cp = UNKNOWN
+            cp = None
         else:
             cp = dcp if sharded else 1
-        entries.append(
-            f"group={index}/{role}/{kind}/block={block}/cp={cp}/layers={layers}/page_bytes={page}"
-        )
+        entries.append(GeometryGroup(index, role, kind, block, cp, layers, _known(page)))
     return entries
 
 
-def format_geometry(vllm_config: Any, kv_cache_config: Any) -> str:
-    """The one line for this start's plan (see the module docstring)."""
+def geometry_of(vllm_config: Any, kv_cache_config: Any) -> KVGeometry:
+    """This start's plan as the geometry value (see the module docstring)."""
     layout = _field(lambda: vllm_config.cache_config.get_resolved_kv_cache_layout())
     groups = list(kv_cache_config.kv_cache_groups)
     device_groups = [g for g in groups if not getattr(g, "host_resident", False)]
@@ -140,14 +144,17 @@ def format_geometry(vllm_config: Any, kv_cache_config: Any) -> str:
         tokens = capacity if capacity == UNKNOWN else capacity[0]
     blocks = _call("resolve_kv_cache_block_sizes", kv_cache_config, vllm_config)
     scheduler, hashed = (UNKNOWN, UNKNOWN) if blocks == UNKNOWN else blocks
-    parts = [
-        f"{PREFIX} layout={_field(lambda: layout.name)}",
-        f"stride_bytes={stride}",
-        f"num_blocks={_field(lambda: kv_cache_config.num_blocks)}",
-        f"tokens={tokens}",
-        f"scheduler_block={scheduler}",
-        f"hash_block={hashed}",
-    ]
-    for index, group in enumerate(groups):
-        parts += group_entries(index, group, dcp)
-    return " ".join(parts)
+    return KVGeometry(
+        layout=str(_field(lambda: layout.name)),
+        stride_bytes=_known(stride),
+        num_blocks=_known(_field(lambda: kv_cache_config.num_blocks)),
+        tokens=_known(tokens),
+        scheduler_block=_known(scheduler),
+        hash_block=_known(hashed),
+        groups=tuple(e for i, g in enumerate(groups) for e in group_entries(i, g, dcp)),
+    )
+
+
+def format_geometry(vllm_config: Any, kv_cache_config: Any) -> str:
+    """The one line for this start's plan."""
+    return geometry_of(vllm_config, kv_cache_config).line()

@@ -16,7 +16,7 @@ from launch.commands import (
     run_cmd,
     up_cmd,
 )
-from launch.errors import USAGE_EXIT, ProfileError
+from launch.errors import USAGE_EXIT, UsageError
 
 COMMANDS = (list_cmd, render_cmd, doctor_cmd, run_cmd, configure_cmd, fetch_cmd, up_cmd,
             pin_cmd)  # fmt: skip
@@ -32,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return handlers[args.command](args)
-    except ProfileError as err:
+    except UsageError as err:
         print(f"error: {err}", file=sys.stderr)
         return USAGE_EXIT
 

@@ -1,8 +1,10 @@
-"""Command-line arguments shared by the launch and smoke commands."""
+"""Command-line arguments shared by the launch and smoke commands, and the argparse types of the
+numbers a user gives (a bad one exits 2 with argparse's message naming the option)."""
 
 from __future__ import annotations
 
 import argparse
+import math
 
 
 def add_set_argument(parser: argparse.ArgumentParser) -> None:
@@ -16,3 +18,38 @@ def add_set_argument(parser: argparse.ArgumentParser) -> None:
         help="override a setting by variable name (MAX_NUM_SEQS=16) or path "
         "(engine.max_num_seqs=16); repeatable",
     )
+
+
+def add_api_key_argument(parser: argparse.ArgumentParser) -> None:
+    """`--api-key`, shared by the commands that call the server (`Settings.client_api_key`)."""
+    parser.add_argument("--api-key", help="bearer token (default $VLLM_API_KEY, else the "
+                        "server's key file compose/secrets/vllm_api_key)")  # fmt: skip
+
+
+MAX_COUNT = 1 << 20
+"""The largest count or token number a command takes (1,048,576: the longest context any
+profile serves); a mistyped digit more is refused, not run for days or built in memory."""
+MAX_SECONDS = 86_400.0
+"""The longest duration or timeout a command takes: a day."""
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number from 1 to `MAX_COUNT`, in ASCII digits."""
+    digits = text.strip()
+    if not (digits.isascii() and digits.isdigit() and len(digits) <= 20
+            and 1 <= int(digits) <= MAX_COUNT):  # fmt: skip
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]!r} is not a whole number from 1 to {MAX_COUNT:,}")
+    return int(digits)
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number above 0, at most `MAX_SECONDS`."""
+    try:
+        value = float(text) if len(text) <= 40 else math.nan
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or not 0 < value <= MAX_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]!r} is not a number above 0 and at most {MAX_SECONDS:,.0f} (seconds)")
+    return value

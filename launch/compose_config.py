@@ -4,16 +4,17 @@ generated compose file. Typed values in, typed values out; the commands parse ar
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import ipaddress
 from dataclasses import dataclass
 
 import yaml
 
-from launch.compose_env import user_settings, write_generated
+from launch.compose_env import write_generated
 from launch.compose_files import compose_files, merged_document
 from launch.docker_api import docker_path, require_local_image
+from launch.errors import UsageError
 from launch.image_lock import COMPOSE_DIR, is_local_id, resolve_image
-from launch.render import Plan
+from launch.plan import Plan
 from launch.scale import (
     compose_replicas,
     cpu_replicas,
@@ -21,6 +22,7 @@ from launch.scale import (
     replica_runtime_env,
     router_source,
 )
+from launch.settings import SECRETS, SECRETS_DIR, Settings, refuse_secrets_as_environment
 
 REPLICAS_FILE = COMPOSE_DIR / "replicas.generated.yaml"
 
@@ -44,27 +46,52 @@ def compose_document(plan: Plan, gpu_sets: str | None, replicas: int | None, hos
     return compose_replicas(plan, sets, base=base, host_port=host_port, bind=bind)
 
 
-def configure(plan: Plan, environ: Mapping[str, str], gpu_sets: str | None = None,
+def configure(plan: Plan, settings: Settings, gpu_sets: str | None = None,
               replicas: int | None = None) -> Configured:  # fmt: skip
-    """The compose settings for `plan` (replicas behind the router when `gpu_sets` or
-    `replicas` is given), validated; writes nothing."""
-    settings = {**user_settings(), **environ}
+    """The compose settings for `plan` (replicas behind the router when `gpu_sets` (else
+    GPU_SETS) or `replicas` is given), validated; writes nothing."""
+    gpu_sets = gpu_sets or settings.gpu_sets
+    port, bind = settings.host_port, settings.bind_address  # compose publishes these: checked
+    refuse_secrets_as_environment(settings.env_file, "compose/.env")
+    if not ipaddress.ip_address(bind).is_loopback and not settings.api_key():
+        raise UsageError(
+            "BIND_ADDRESS", bind,
+            "publishes the API beyond this host, and no API key is set: anyone who reaches the "
+            "port would use the GPUs",
+            f"write a key to {settings.api_key_file} (e.g. `python3 -c 'import secrets; "
+            f"print(secrets.token_urlsafe(32))' > {settings.api_key_file}`), or "
+            "BIND_ADDRESS=127.0.0.1",
+        )  # fmt: skip
     values = {
         **replica_runtime_env(plan),
-        "IMAGE": resolve_image(plan.profile.deployment.image, settings),
+        "IMAGE": resolve_image(plan.profile.deployment.image, settings.merged),
         "COMPOSE_FILE": compose_files(plan.profile.deployment.device),
     }
     doc = None
     if gpu_sets or replicas is not None:
-        values["ROUTER_IMAGE"] = resolve_image(router_source(plan), settings,
+        values["ROUTER_IMAGE"] = resolve_image(router_source(plan), settings.merged,
                                                override_var="ROUTER_IMAGE")  # fmt: skip
-        doc = compose_document(plan, gpu_sets, replicas, int(settings.get("HOST_PORT", "8000")),
-                               settings.get("BIND_ADDRESS", "127.0.0.1"))  # fmt: skip
+        doc = compose_document(plan, gpu_sets, replicas, port, bind)
         values["COMPOSE_FILE"] = REPLICAS_FILE.name
     return Configured(plan, values, doc)
 
 
+def ensure_secret_files() -> None:
+    """compose/secrets with one file per secret compose mounts (an empty file: no key, no token),
+    so `docker compose up` finds every secret it declares. The directory is the owner's alone;
+    the files are world-readable inside it, as the server's unprivileged user reads them through
+    the bind mount compose makes."""
+    SECRETS_DIR.mkdir(mode=0o700, exist_ok=True)
+    SECRETS_DIR.chmod(0o700)
+    for name in SECRETS.values():
+        path = SECRETS_DIR / name
+        if not path.exists():
+            path.touch(mode=0o644)
+        path.chmod(0o644)
+
+
 def write(result: Configured) -> None:
+    ensure_secret_files()
     if result.replicas_doc is not None:
         REPLICAS_FILE.write_text(yaml.safe_dump(result.replicas_doc, sort_keys=False),
                                  encoding="utf-8")  # fmt: skip

@@ -13,35 +13,52 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from launch.image_lock import COMPOSE_DIR, parse_env
-from launch.profile import Profile
+from launch.image_lock import COMPOSE_DIR, parse_env, read_text
 
-ENV_PATH = COMPOSE_DIR / ".env"
+DEFAULT_ENV_PATH = COMPOSE_DIR / ".env"
+ENV_FILE_VAR = "KIT_ENV_FILE"
+"""Names another settings file for the kit's commands (the tests point it at a temporary file,
+so a user's compose/.env never reaches them); compose then gets it with `--env-file`."""
 MARKER = "# ---- written by `python -m launch configure`; edit the settings above this line ----"
+
+
+def env_path() -> Path:
+    """The settings file: $KIT_ENV_FILE, else compose/.env (read per call)."""
+    return Path(os.environ.get(ENV_FILE_VAR) or DEFAULT_ENV_PATH)
+
+
+def compose_env_args() -> list[str]:
+    """`--env-file PATH` for a compose command the kit runs, where the settings file is not the
+    compose/.env compose reads by itself."""
+    path = env_path()
+    return [] if path == DEFAULT_ENV_PATH else ["--env-file", str(path)]
 
 
 def _split(path: Path) -> tuple[list[str], list[str]]:
     if not path.is_file():
         return [], []
-    lines = path.read_text(encoding="utf-8").splitlines()
+    field = ENV_FILE_VAR if path != DEFAULT_ENV_PATH else "compose/.env"
+    fix = "check its permissions, or remove it to start from compose/.env.example"
+    lines = read_text(path, field, fix).splitlines()
     if MARKER in lines:
         cut = lines.index(MARKER)
         return lines[:cut], lines[cut + 1 :]
     return lines, []
 
 
-def user_settings(path: Path = ENV_PATH) -> dict[str, str]:
+def user_settings(path: Path | None = None) -> dict[str, str]:
     """KEY=VALUE settings the user wrote (the generated block is not a user setting)."""
-    return parse_env(_split(path)[0])
+    return parse_env(_split(path or env_path())[0])
 
 
-def generated(path: Path = ENV_PATH) -> dict[str, str]:
+def generated(path: Path | None = None) -> dict[str, str]:
     """What the last `configure` wrote."""
-    return parse_env(_split(path)[1])
+    return parse_env(_split(path or env_path())[1])
 
 
-def write_generated(values: Mapping[str, str], header: str, path: Path = ENV_PATH) -> None:
+def write_generated(values: Mapping[str, str], header: str, path: Path | None = None) -> None:
     """Rewrite the block after the marker; create the file (from .env.example) if missing."""
+    path = path or env_path()
     user, _ = _split(path)
     if not path.is_file():
         example = COMPOSE_DIR / ".env.example"
@@ -50,10 +67,3 @@ def write_generated(values: Mapping[str, str], header: str, path: Path = ENV_PAT
         user.pop()
     block = [MARKER, f"# {header}", *(f"{k}={v}" for k, v in values.items())]
     path.write_text("\n".join([*user, "", *block]) + "\n", encoding="utf-8")
-
-
-def default_url(profile: Profile) -> str:
-    """Where a started profile answers on this host: compose publishes it on HOST_PORT (the
-    environment, then compose/.env); without compose, the profile's own port."""
-    port = os.environ.get("HOST_PORT") or user_settings().get("HOST_PORT")
-    return f"http://127.0.0.1:{port or profile.deployment.port}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from launch.errors import SHOWN_CHARS
 from launch.profile import Expect
 
 EXPECT_KEYS = frozenset(f.name for f in fields(Expect) if f.name != "sources")
@@ -25,11 +26,11 @@ def expect_key(name: str) -> str:
 
 
 def show(value: Any) -> str:
+    """A setting's value as the plan shows it (a long one cut, as errors cut it)."""
     if value is None:
         return "unset"
-    if isinstance(value, list | tuple):
-        return ",".join(str(v) for v in value)
-    return str(value)
+    text = ",".join(str(v) for v in value) if isinstance(value, list | tuple) else str(value)
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}... ({len(text)} chars)"
 
 
 @dataclass(frozen=True)

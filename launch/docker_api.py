@@ -12,13 +12,19 @@ import os
 import shutil
 from typing import Any
 
-import requests
-from docker.errors import DockerException, ImageNotFound
-
-from launch.errors import ProfileError
+from launch.errors import UsageError
 
 DEFAULT_SOCKET = "unix:///var/run/docker.sock"
-ENGINE_ERRORS = (DockerException, requests.RequestException, OSError)
+
+
+def engine_errors() -> tuple[type[BaseException], ...]:
+    """What a call to the engine raises when the engine does not answer. The Docker SDK is
+    imported here, not at module level: `launch run` imports this module on its way to vLLM in
+    runtime images that have only vLLM's own dependencies (docker/vllm_deps_only.py)."""
+    import requests
+    from docker.errors import DockerException
+
+    return (DockerException, requests.RequestException, OSError)
 
 
 def engine_address() -> str:
@@ -34,9 +40,9 @@ def connect(fix: str) -> Any:
     try:
         client = docker.DockerClient(base_url=where, version="auto", timeout=10)
         client.ping()
-    except ENGINE_ERRORS as err:
+    except engine_errors() as err:
         cause = str(err).splitlines()[0][:160]
-        raise ProfileError(
+        raise UsageError(
             "docker engine",
             where,
             f"does not answer ({cause})",
@@ -48,6 +54,8 @@ def connect(fix: str) -> Any:
 
 def local_image_id(client: Any, ref: str) -> str | None:
     """The engine's ID (`sha256:<config digest>`) of image `ref`, or None if it has none."""
+    from docker.errors import ImageNotFound
+
     try:
         return client.images.get(ref).id
     except ImageNotFound:
@@ -58,7 +66,7 @@ def docker_path() -> str:
     """The docker CLI that compose runs through, or exit 2 naming the fix."""
     docker = shutil.which("docker")
     if docker is None:
-        raise ProfileError(
+        raise UsageError(
             "docker", None, "is not on PATH", "install Docker with the compose plugin"
         )
     return docker
@@ -69,7 +77,7 @@ def require_local_image(image_id: str) -> None:
     the bare ID from Docker Hub and fail with a registry error."""
     client = connect("pin a pushed image by digest instead (`make pin IMAGE=repo:tag`)")
     if local_image_id(client, image_id) is None:
-        raise ProfileError(
+        raise UsageError(
             "IMAGE", image_id, "is pinned as a local image ID, and this Docker engine has no such "
             "image (removed, or built on another machine)",
             "build it again and `make pin IMAGE=<tag> LOCAL=1`, or push it and pin the digest",

@@ -10,12 +10,14 @@ troubleshooting guide, "PCI Access Control Services").
 
 from __future__ import annotations
 
+import codecs
 import os
 import shutil
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launch.errors import UsageError
 from launch.host_facts import (
     AcsControl,
     GpuReport,
@@ -31,8 +33,16 @@ from launch.host_facts import (
     read_nvml,
     run_tool,
 )
-from launch.kv_offload import GIB, gib, read_host_memory, region_bytes, vllm_shm_bytes
+from launch.kv_offload import (
+    GIB,
+    gib,
+    read_host_memory,
+    read_host_memory_total,
+    region_bytes,
+    vllm_shm_bytes,
+)
 from launch.profile import Profile
+from launch.settings import Settings
 from launch.weights import weight_repos
 
 HUB = "https://huggingface.co"
@@ -79,7 +89,7 @@ def check_driver(report: GpuReport | Unreadable) -> Finding:
 
 def check_gpus(report: GpuReport | Unreadable, profile: Profile) -> Finding:
     e, d = profile.engine, profile.deployment
-    need = e.tensor_parallel_size * e.pipeline_parallel_size
+    need = e.world_size
     name = f"GPUs for TP{e.tensor_parallel_size} x PP{e.pipeline_parallel_size}"
     if isinstance(report, Unreadable):
         return Finding(
@@ -142,7 +152,7 @@ def needs_peer_traffic(profile: Profile) -> bool:
     e = profile.engine
     return (
         profile.deployment.device == "cuda"
-        and e.tensor_parallel_size * e.pipeline_parallel_size > 1
+        and e.world_size > 1
     )
 
 
@@ -219,7 +229,7 @@ def check_host_memory_room(available: int | None, profile: Profile) -> Finding:
     name = "host memory"
     e, o = profile.engine, profile.engine.kv_offload
     tier = region_bytes(o.size_gib) if o is not None and o.backend == "native" else 0
-    need = tier + vllm_shm_bytes(e.tensor_parallel_size * e.pipeline_parallel_size)
+    need = tier + vllm_shm_bytes(e.world_size)
     if available is None:
         return Finding(name, WARN, "cannot read /proc/meminfo", "run on the host itself")
     seen = (f"{gib(available)} available; the server's shared memory needs {gib(need)}"
@@ -227,6 +237,22 @@ def check_host_memory_room(available: int | None, profile: Profile) -> Finding:
     if need > available:
         fix = (f"KV_OFFLOADING_SIZE_GB={int(max(available - need + tier, 0) // GIB)} or less, "
                "or free host memory") if tier else "free host memory"  # fmt: skip
+        return Finding(name, FAIL, seen, fix)
+    return Finding(name, OK, seen)
+
+
+def check_shared_memory(total: int | None, profile: Profile) -> Finding:
+    """The container gets a private /dev/shm of the profile's size (compose shm_size, not the
+    host's /dev/shm): a tmpfs whose pages are host memory, so the host must have that much."""
+    name = "shared memory"
+    size = profile.deployment.shm_size_gib * GIB
+    if total is None:
+        return Finding(name, WARN, "cannot read /proc/meminfo", "run on the host itself")
+    seen = (f"the container's private /dev/shm is {gib(size)} (deployment.shm_size_gib); the "
+            f"host has {gib(total)} of memory")  # fmt: skip
+    if size > total:
+        fix = (f"SHM_SIZE_GIB={max(total // GIB - 1, 1)} or less (with a native KV tier, a "
+               "smaller KV_OFFLOADING_SIZE_GB too), or a host with more memory")
         return Finding(name, FAIL, seen, fix)
     return Finding(name, OK, seen)
 
@@ -252,6 +278,7 @@ def check_disk(free: int | Unreadable, image_bytes: int | None, weights: HubWeig
 
 
 def check_port(host: str, port: int) -> Finding:
+    """The host address and port compose publishes the API on (BIND_ADDRESS, HOST_PORT)."""
     name = f"API port {port}"
     with socket.socket() as s:
         try:
@@ -261,23 +288,25 @@ def check_port(host: str, port: int) -> Finding:
                 name,
                 FAIL,
                 f"in use ({err.strerror})",
-                f"stop what listens on {port}, or PORT=<another>",
+                f"stop what listens on {port}, or set HOST_PORT=<another> in compose/.env",
             )
     return Finding(name, OK, "free")
 
 
-def check_hf_token(profile: Profile, environ: dict[str, str], weights: HubWeights) -> Finding:
+def check_hf_token(profile: Profile, token: str | None, weights: HubWeights) -> Finding:
+    """The Hub token (compose/secrets/hf_token) against what the Hub said of the weights."""
     name = "HF_TOKEN"
     if not weight_repos(profile):
         return Finding(name, OK, "the model is in the image")
-    token = bool(environ.get("HF_TOKEN"))
     if weights.gated:
         return Finding(name, FAIL, f"{', '.join(weights.gated)}: {weights.why}",
-                       "set HF_TOKEN in compose/.env to a token with access to it" if not token
+                       "write a token with access to it to compose/secrets/hf_token" if not token
                        else "use a token that has been granted access")  # fmt: skip
     if weights.bytes is None and not token:
         return Finding(name, WARN, f"not set, and the Hub could not say whether it is needed "
-                       f"({weights.why})", "set HF_TOKEN if the repository is gated")  # fmt: skip
+                       f"({weights.why})",
+                       "write a token to compose/secrets/hf_token if the repository is "
+                       "gated")  # fmt: skip
     return Finding(name, OK, "set" if token else "not needed: the Hub answered without one")
 
 
@@ -290,6 +319,7 @@ class HostFacts:
     acs: list[AcsControl] | Unreadable
     iommu: Iommu
     memory: int | None
+    memory_total: int | None = None
     runtimes: list[str] | Unreadable = field(default_factory=list)
     hook: str | None = None
     cdi: list[str] = field(default_factory=list)
@@ -299,7 +329,7 @@ class HostFacts:
     weights: HubWeights = field(default_factory=lambda: HubWeights(None, why="not asked"))
 
 
-def judge(facts: HostFacts, profile: Profile, environ: dict[str, str]) -> list[Finding]:
+def judge(facts: HostFacts, profile: Profile, settings: Settings) -> list[Finding]:
     """Every check, in the order a user fixes them."""
     d = profile.deployment
     findings = [check_driver(facts.gpus)] if d.device == "cuda" else []
@@ -314,9 +344,10 @@ def judge(facts: HostFacts, profile: Profile, environ: dict[str, str]) -> list[F
     return [
         *findings,
         check_host_memory_room(facts.memory, profile),
+        check_shared_memory(facts.memory_total, profile),
         check_disk(facts.disk_free, facts.image_bytes, facts.weights, facts.disk_root),
-        check_port(d.host, d.port),
-        check_hf_token(profile, environ, facts.weights),
+        check_port(settings.bind_address, settings.host_port),
+        check_hf_token(profile, settings.hf_token(), facts.weights),
     ]
 
 
@@ -329,35 +360,56 @@ class Recorded:
     lspci: Path | None = None
     kernel_log: Path | None = None
 
+    def text(self, name: str) -> str | None:
+        """The recorded output `name` as text, or None when none was given: UTF-8, or UTF-16
+        with its byte-order mark (what PowerShell's `>` writes); anything else is refused by the
+        flag's name."""
+        path: Path | None = getattr(self, name)
+        if path is None:
+            return None
+        flag = "--" + name.replace("_", "-")
+        try:
+            data = path.read_bytes()
+        except OSError as err:
+            raise UsageError(flag, str(path), "is not a readable file",
+                             "pass the file the output was saved to") from err  # fmt: skip
+        for bom, codec in ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"),
+                           (codecs.BOM_UTF16_BE, "utf-16")):  # fmt: skip
+            if data.startswith(bom):
+                return data.decode(codec, errors="replace")
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise UsageError(
+                flag, str(path), f"is not UTF-8 or UTF-16 text (byte 0x{data[err.start]:02x} at "
+                f"offset {err.start})",
+                "save the command's output as text, e.g. `nvidia-smi > out.txt` on the host",
+            ) from err  # fmt: skip
+
 
 def gather(recorded: Recorded, image: str | None, profile: Profile,
-           environ: dict[str, str]) -> HostFacts:  # fmt: skip
+           settings: Settings) -> HostFacts:  # fmt: skip
     """Read this host (or the recorded outputs given instead), and ask the Hub (HF_ENDPOINT,
     as compose's fetch service does) how large the profile's weights are."""
     import docker
 
-    gpus = (
-        parse_nvidia_smi(recorded.nvidia_smi.read_text(), str(recorded.nvidia_smi))
-        if recorded.nvidia_smi
-        else read_nvml()
-    )
-    topo_text = (
-        recorded.topo.read_text() if recorded.topo else run_tool(["nvidia-smi", "topo", "-m"])
-    )
-    lspci_text = recorded.lspci.read_text() if recorded.lspci else run_tool(["lspci", "-vvv"])
-    iommu = (
-        iommu_mode("", [], recorded.kernel_log.read_text()) if recorded.kernel_log else read_iommu()
-    )
+    smi, topo, lspci, kernel_log = (recorded.text(name) for name in
+                                     ("nvidia_smi", "topo", "lspci", "kernel_log"))  # fmt: skip
+    gpus = parse_nvidia_smi(smi, str(recorded.nvidia_smi)) if smi is not None else read_nvml()
+    topo_text = topo if topo is not None else run_tool(["nvidia-smi", "topo", "-m"])
+    lspci_text = lspci if lspci is not None else run_tool(["lspci", "-vvv"])
+    iommu = iommu_mode("", [], kernel_log) if kernel_log is not None else read_iommu()
     facts = dict(
         gpus=gpus,
         topology=topo_text if isinstance(topo_text, Unreadable) else parse_topo(topo_text),
         acs=lspci_text if isinstance(lspci_text, Unreadable) else parse_acs(lspci_text),
         iommu=iommu,
         memory=read_host_memory(),
+        memory_total=read_host_memory_total(),
         hook=shutil.which("nvidia-container-runtime-hook"),
         cdi=[str(p) for d in ("/etc/cdi", "/var/run/cdi") for p in Path(d).glob("nvidia*.yaml")],
         weights=hub_weights([(r.repo_id, r.revision) for r in weight_repos(profile)],
-                            environ.get("HF_ENDPOINT") or HUB, environ.get("HF_TOKEN") or None),
+                            settings.get("HF_ENDPOINT") or HUB, settings.hf_token()),
     )
     try:
         client = docker.from_env(timeout=10)

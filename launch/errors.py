@@ -7,11 +7,12 @@ from typing import Any
 USAGE_EXIT = 2
 
 
-class ProfileError(Exception):
-    """A profile, override or command-line value that breaks a rule.
+class UsageError(Exception):
+    """Input that breaks a rule: a profile, an override, a command-line value, a settings or lock
+    file, a recorded output, a receipt, an unreachable Docker engine.
 
     The message always names the field, the value, the rule and a fix, so a person can correct it
-    without reading code.
+    without reading code. Every command catches it at its edge and exits 2; nothing has started.
     """
 
     def __init__(self, field: str, value: Any, rule: str, fix: str) -> None:
@@ -22,4 +23,13 @@ class ProfileError(Exception):
         super().__init__(str(self))
 
     def __str__(self) -> str:
-        return f"{self.field}={self.value!r}: {self.rule}. Fix: {self.fix}"
+        return f"{self.field}={_shown(self.value)}: {self.rule}. Fix: {self.fix}"
+
+
+SHOWN_CHARS = 200
+"""A value longer than this is cut in the message (a 10 kB override is not echoed whole)."""
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}... ({len(text)} chars)"

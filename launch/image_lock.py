@@ -19,11 +19,12 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from launch.errors import ProfileError
+from launch.errors import UsageError
 
 COMPOSE_DIR = Path(__file__).resolve().parent.parent / "compose"
 COMPOSE_FILE = COMPOSE_DIR / "compose.yaml"
-LOCK_PATH = Path(os.environ.get("KIT_IMAGES_LOCK") or COMPOSE_DIR / "images.lock")
+LOCK_VAR = "KIT_IMAGES_LOCK"
+"""Names another lock file for every command (the e2e run and the tests pin into copies)."""
 SOURCES = {"kit": "KIT_IMAGE", "qualified": "QUALIFIED_IMAGE", "cpu": "CPU_IMAGE"}
 """Image sources a profile can run (`deployment.image`) -> lock key."""
 BASES = {"cuda": "base", "cpu": "cpu-base"}
@@ -57,14 +58,43 @@ def parse_env(lines: list[str]) -> dict[str, str]:
     return {key: value for key, value in values.items() if value is not None}
 
 
-def read_lock(path: Path = LOCK_PATH) -> dict[str, str]:
-    """KEY=VALUE lines of an env file (the lock, or compose/.env)."""
-    return parse_env(path.read_text(encoding="utf-8").splitlines())
+def lock_path() -> Path:
+    """The lock every command reads: $KIT_IMAGES_LOCK, else compose/images.lock (read per call,
+    so a test or the e2e run can point at a copy)."""
+    return Path(os.environ.get(LOCK_VAR) or COMPOSE_DIR / "images.lock")
 
 
-def write_lock(updates: Mapping[str, str], path: Path = LOCK_PATH) -> None:
+def read_text(path: Path, field: str, fix: str) -> str:
+    """A settings file's text; a missing or non-UTF-8 file is the kit's usage error naming
+    `field` (the variable or file that points at it), never a traceback. `fix` is for a file
+    that cannot be read."""
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise UsageError(field, str(path), f"cannot be read ({err.strerror or err})", fix) from err
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UsageError(
+            field, str(path),
+            f"is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start})",
+            f"save it as UTF-8, e.g. `iconv -f LATIN1 -t UTF-8 {path} > {path.name}.utf8`, "
+            "then move that into place",
+        ) from err  # fmt: skip
+
+
+def read_lock(path: Path | None = None) -> dict[str, str]:
+    """KEY=VALUE lines of the image lock."""
+    path = path or lock_path()
+    fix = f"point {LOCK_VAR} at an existing lock, or unset it to use compose/images.lock"
+    return parse_env(read_text(path, LOCK_VAR, fix).splitlines())
+
+
+def write_lock(updates: Mapping[str, str], path: Path | None = None) -> None:
     """Set keys in the lock, keeping its comments and order."""
-    lines = path.read_text(encoding="utf-8").splitlines()
+    path = path or lock_path()
+    fix = f"point {LOCK_VAR} at an existing lock, or unset it to use compose/images.lock"
+    lines = read_text(path, LOCK_VAR, fix).splitlines()
     pending = dict(updates)
     for i, line in enumerate(lines):
         match = _LINE.match(line.strip())
@@ -78,7 +108,7 @@ def write_lock(updates: Mapping[str, str], path: Path = LOCK_PATH) -> None:
 def resolve_image(
     source: str,
     environ: Mapping[str, str],
-    path: Path = LOCK_PATH,
+    path: Path | None = None,
     *,
     override_var: str = "IMAGE",
     local_ok: bool = True,
@@ -86,6 +116,7 @@ def resolve_image(
     """The digest reference for `source`: `override_var` from the environment (profile images
     only), else the lock's entry. A local image ID counts for profile images where the image runs
     on this engine (`local_ok`), never for the builds' bases."""
+    path = path or lock_path()
     key = PIN_KEYS[source]
     override = environ.get(override_var) if source in SOURCES else None
     ref = override if override else read_lock(path).get(key, "")
@@ -96,30 +127,34 @@ def resolve_image(
               f"{path.name}")
     )  # fmt: skip
     if not ref:
-        raise ProfileError(field, ref, "has no image digest", fix)
+        raise UsageError(field, ref, "has no image digest", fix)
     if is_local_id(ref):
         if local_ok and source in SOURCES:
             return ref
-        raise ProfileError(
+        raise UsageError(
             field, ref,
             "is a local image ID: it exists only on the engine that built it, and nothing can "
             "pull it from there",
             f"push the image and pin it by digest: `make pin IMAGE=repo:tag SOURCE={source}`",
         )  # fmt: skip
     if not is_digest_ref(ref):
-        raise ProfileError(field, ref, "is not a digest reference (tags move)", fix)
+        raise UsageError(field, ref, "is not a digest reference (tags move)", fix)
     return ref
 
 
-def describe_image(source: str, environ: Mapping[str, str], path: Path = LOCK_PATH) -> str | None:
+def describe_image(source: str, environ: Mapping[str, str],
+                   path: Path | None = None) -> str | None:  # fmt: skip
     """Which image a profile runs, for the plan: source, lock key and digest reference, or why
-    there is none yet. None where no lock is at hand (inside an image)."""
-    if not path.is_file():
+    there is none yet. None where no lock is at hand (inside an image, where the kit's own
+    compose/images.lock is not mounted)."""
+    path = path or lock_path()
+    if not path.is_file() and path == COMPOSE_DIR / "images.lock":
         return None
+    read_lock(path)  # a lock that $KIT_IMAGES_LOCK names and that cannot be read is an error
     key = SOURCES[source]
     try:
         ref = resolve_image(source, environ, path)
-    except ProfileError as err:
+    except UsageError as err:
         return f"{source} ({key}): none usable - {err.rule}; {err.fix}"
     origin = "IMAGE from the environment or compose/.env" if environ.get("IMAGE") else key
     where = " (a local image ID: runs on this engine only)" if is_local_id(ref) else ""

@@ -53,19 +53,33 @@ def shm_needed_bytes(size_gib: float, world_size: int) -> int:
 _MEMINFO = re.compile(r"^(?P<key>\w+):\s+(?P<kib>\d+) kB$", re.MULTILINE)
 
 
+def meminfo_bytes(meminfo: str) -> dict[str, int]:
+    """/proc/meminfo's `Key: N kB` lines, in bytes."""
+    return {m.group("key"): int(m.group("kib")) * 1024 for m in _MEMINFO.finditer(meminfo)}
+
+
 def mem_available_bytes(
     meminfo: str, cgroup_max: str | None = None, cgroup_current: str | None = None
 ) -> int | None:
     """Memory a new allocation can get: /proc/meminfo's MemAvailable, capped by what the
     container's cgroup still allows (memory.max - memory.current; "max" means no limit).
     None if neither says."""
-    values = {m.group("key"): int(m.group("kib")) * 1024 for m in _MEMINFO.finditer(meminfo)}
-    available = values.get("MemAvailable")
+    available = meminfo_bytes(meminfo).get("MemAvailable")
     limit, used = (cgroup_max or "").strip(), (cgroup_current or "0").strip()
     if limit.isdigit() and used.isdigit():
         room = max(int(limit) - int(used), 0)
         available = room if available is None else min(available, room)
     return available
+
+
+def mem_total_bytes(meminfo: str, cgroup_max: str | None = None) -> int | None:
+    """All the memory this host (or container) has: MemTotal, capped by the cgroup's memory.max.
+    A private /dev/shm is a tmpfs whose pages come out of it."""
+    total = meminfo_bytes(meminfo).get("MemTotal")
+    limit = (cgroup_max or "").strip()
+    if limit.isdigit():
+        total = int(limit) if total is None else min(total, int(limit))
+    return total
 
 
 def tier_in_argv(argv: list[str]) -> dict[str, str] | None:
@@ -78,16 +92,22 @@ def gib(n: int) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
+def _read(root: Path, path: str) -> str | None:
+    file = root / path
+    return file.read_text(encoding="utf-8") if file.is_file() else None
+
+
 def read_host_memory(root: Path = Path("/")) -> int | None:
     """What `mem_available_bytes` says about this host or container (thin I/O)."""
-
-    def text(path: str) -> str | None:
-        file = root / path
-        return file.read_text(encoding="utf-8") if file.is_file() else None
-
-    meminfo = text("proc/meminfo")
+    meminfo = _read(root, "proc/meminfo")
     if meminfo is None:
         return None
-    return mem_available_bytes(
-        meminfo, text("sys/fs/cgroup/memory.max"), text("sys/fs/cgroup/memory.current")
-    )
+    return mem_available_bytes(meminfo, _read(root, "sys/fs/cgroup/memory.max"),
+                               _read(root, "sys/fs/cgroup/memory.current"))  # fmt: skip
+
+
+def read_host_memory_total(root: Path = Path("/")) -> int | None:
+    """What `mem_total_bytes` says about this host or container (thin I/O)."""
+    meminfo = _read(root, "proc/meminfo")
+    return None if meminfo is None else mem_total_bytes(
+        meminfo, _read(root, "sys/fs/cgroup/memory.max"))  # fmt: skip

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from launch.deviations import EXPECT_KEYS, Changed, Deviation, NotChecked, expect_key
-from launch.errors import ProfileError
+from launch.errors import UsageError
 from launch.overrides import Override, apply
 from launch.profile import Expect, Profile
 from launch.schema import build
@@ -117,7 +117,7 @@ def read_raw(name: str) -> dict[str, Any]:
     if not path.is_file():
         names = profile_names()
         close = [n for n in names if n.startswith(name)] or difflib.get_close_matches(name, names)
-        raise ProfileError(
+        raise UsageError(
             "profile",
             name,
             "is not a shipped profile",
@@ -126,12 +126,12 @@ def read_raw(name: str) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
-        raise ProfileError(
+        raise UsageError(
             "profile", str(path), f"is not valid YAML ({str(err).splitlines()[0]})",
             "fix or remove the file",
         ) from err  # fmt: skip
     if not isinstance(data, dict) or data.get("name") != name:
-        raise ProfileError(
+        raise UsageError(
             "profile",
             name,
             f"{path} must be a mapping whose name is {name!r}",
@@ -169,7 +169,7 @@ def load(name: str, overrides: Iterable[Override] = ()) -> Loaded:
         deviations += [NotChecked(field, why) for field, why in sorted(reasons.items())]
     try:
         validate(profile)
-    except ProfileError as err:
+    except UsageError as err:
         given = [str(c) for c in (*changes, *placement)]
         if given:  # the value may not be the field's own: say which overrides were in effect
             err.rule += f" (overrides in effect: {'; '.join(given)})"

@@ -9,16 +9,23 @@ from __future__ import annotations
 
 import copy
 import difflib
+import re
 import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from launch.deviations import Changed
-from launch.errors import ProfileError
+from launch.errors import UsageError
 from launch.profile import Profile
 from launch.schema import field_paths, hint_at, parse_text
-from launch.vllm_vocab import HUMAN_READABLE_INT_FIELDS, human_readable_int
+from launch.vllm_vocab import (
+    BYTE_FIELDS,
+    HUMAN_READABLE_INT_FIELDS,
+    byte_count,
+    human_readable_int,
+    size_forms,
+)
 
 # Environment variable -> profile path. The names are the ones of the seeds' launch scripts.
 ENV_OVERRIDES: dict[str, str] = {
@@ -55,6 +62,7 @@ ENV_OVERRIDES: dict[str, str] = {
     "PORT": "deployment.port",
     "SHM_SIZE_GIB": "deployment.shm_size_gib",
     "STARTUP_BUDGET_S": "deployment.startup_budget_s",
+    "DRAIN_S": "deployment.drain_s",
     "ALLOW_FLOATING_REVISION": "deployment.allow_floating_revision",
     "FALLBACKS": "deployment.fallbacks",
     "VLLM_EXTRA_ARGS": "engine.extra_args",
@@ -76,6 +84,7 @@ PLACEMENT_PATHS = (
     "deployment.port",
     "deployment.shm_size_gib",
     "deployment.startup_budget_s",
+    "deployment.drain_s",
     "smoke.",
 )
 
@@ -114,11 +123,11 @@ def from_set_args(items: Iterable[str]) -> list[Override]:
         key, sep, text = item.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise ProfileError("--set", item, "must be key=value", "e.g. --set MAX_NUM_SEQS=16")
+            raise UsageError("--set", item, "must be key=value", "e.g. --set MAX_NUM_SEQS=16")
         path = ENV_OVERRIDES.get(key, key)
         if path not in settable_paths():
             close = difflib.get_close_matches(key, [*ENV_OVERRIDES, *settable_paths()], n=1)
-            raise ProfileError(
+            raise UsageError(
                 "--set",
                 item,
                 f"'{key}' is not a settable profile path or known variable",
@@ -131,6 +140,30 @@ def from_set_args(items: Iterable[str]) -> list[Override]:
     return out
 
 
+def split_args(text: str, origin: str) -> list[str]:
+    """`VLLM_EXTRA_ARGS` split as a shell splits a command line."""
+    try:
+        return shlex.split(text)
+    except ValueError as err:  # an unbalanced quote, a trailing backslash
+        raise UsageError(f"{origin} (engine.extra_args)", text,
+                         f"cannot be split as a shell would ({err})",
+                         "balance the quotes, e.g. VLLM_EXTRA_ARGS=\"--seed 7\"") from err
+
+
+def human_size(text: str, field: str, where: str) -> str:
+    """The integer text of a human-readable size (vLLM's suffixes; IEC units for bytes), or
+    `text` unchanged when it is one already, or a usage error naming the forms."""
+    size = human_readable_int(text)
+    if size is None and field in BYTE_FIELDS:
+        size = byte_count(text)
+    if size is not None:
+        return str(size)
+    if text.strip().lower() in ("", "none", "null") or re.fullmatch(r"[+-]?\d+", text.strip()):
+        return text  # an integer, or unset: the schema judges it
+    raise UsageError(where, text, "is not a size vLLM or the kit reads",
+                     f"give {size_forms(field)}")
+
+
 def apply(
     raw: Mapping[str, Any], overrides: Iterable[Override]
 ) -> tuple[dict[str, Any], list[Changed], list[Changed]]:
@@ -141,11 +174,11 @@ def apply(
     placement: list[Changed] = []
     for ov in overrides:
         text = ov.text
-        if ov.path.rsplit(".", 1)[-1] in HUMAN_READABLE_INT_FIELDS:
-            size = human_readable_int(text)
-            text = text if size is None else str(size)
+        field = ov.path.rsplit(".", 1)[-1]
+        if field in HUMAN_READABLE_INT_FIELDS:
+            text = human_size(text, field, f"{ov.origin} ({ov.path})")
         if ov.path == "engine.extra_args":
-            value: Any = shlex.split(text)  # as a shell would split a command line
+            value: Any = split_args(text, ov.origin)
         else:
             value = parse_text(hint_at(Profile, ov.path), text, f"{ov.origin} ({ov.path})")
         parts = ov.path.split(".")

@@ -1,36 +1,89 @@
-"""The one path from a profile name to a plan: overrides (compose/.env, the environment,
-`--set`), load and validate, capability check, render, the image it runs. The launch commands and
-the smoke check both start here, so smoke verifies the very object launch renders."""
+"""The plan: exactly what `launch run` executes and what the start must show, and the one path
+to it from a profile name and the user's settings (compose/.env, the environment, `--set`):
+load and validate, capability check, render, the image it runs. The launch commands and the
+smoke commands all call `plan_for`, so smoke verifies the very object launch renders."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from launch.capabilities import VllmInstall, resolve
+from launch.capabilities import Resolution, resolve
+from launch.deviations import Changed, Deviation, FellBack, NotChecked
 from launch.image_lock import describe_image
-from launch.loader import load
+from launch.loader import Loaded, drop_expectations, load
 from launch.overrides import from_environment, from_set_args
-from launch.render import Plan, render
+from launch.profile import Profile
+from launch.render import serve_argv, serve_env
+from launch.route_guard import MIDDLEWARE
+from launch.schema import to_plain
+from launch.settings import ENV_FILE, Settings
+from launch.vllm_install import VllmInstall
 
 
-def build_plan(
-    name: str,
-    sets: Sequence[str],
-    environ: Mapping[str, str],
-    install: VllmInstall | None,
-    env_file: Mapping[str, str] | None = None,
-) -> Plan:
-    """The profile, then compose/.env (`env_file`), then the environment, then `--set`: each
-    later source wins, and every override names where it came from."""
+@dataclass(frozen=True)
+class Plan:
+    """Exactly what `launch run` will execute, and what the start must show."""
+
+    profile: Profile
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    deviations: tuple[Deviation, ...]
+    checked_against: str | None
+    placement: tuple[Changed, ...] = ()
+    image: str | None = None
+    """Which image runs it (source, lock key, digest), when a lock is at hand."""
+
+    @property
+    def qualified(self) -> bool:
+        return not self.deviations
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "profile": self.profile.name,
+            "argv": list(self.argv),
+            "env": dict(self.env),
+            "expect": to_plain(self.profile.expect),
+            "deviations": [str(d) for d in self.deviations],
+            "placement": [str(c) for c in self.placement],
+            "qualified": self.qualified,
+            "checked_against": self.checked_against,
+            "image": self.image,
+        }
+
+
+def assemble(loaded: Loaded, resolution: Resolution) -> Plan:
+    """The plan for `resolution.profile` (the loaded profile after any allowed fallbacks): the
+    fallbacks become deviations and drop the expectations they invalidate."""
+    p = resolution.profile
+    deviations: list[Deviation] = list(loaded.deviations)
+    dropped: dict[str, str] = {}
+    for req in resolution.fallbacks:
+        deviations.append(FellBack(req.field, req.value, req.needs, req.name, req.fallback))
+        for field in req.expect_dropped:
+            dropped.setdefault(field, f"fallback {req.name}")
+    dropped = {k: v for k, v in dropped.items() if k in p.expect.set_fields()}
+    deviations += [NotChecked(k, v) for k, v in sorted(dropped.items())]
+    p = dataclasses.replace(p, expect=drop_expectations(p.expect, dropped))
+    return Plan(p, tuple(serve_argv(p)), serve_env(p), tuple(deviations),
+                resolution.checked_against, loaded.placement)  # fmt: skip
+
+
+def plan_for(settings: Settings, profile: str | None = None,
+             install: VllmInstall | None = None) -> Plan:  # fmt: skip
+    """The profile (`profile`, else PROFILE) with compose/.env, then the environment, then
+    `--set` (each later source wins, every override names where it came from), checked against
+    `install` when one is given."""
     overrides = (
-        from_environment(env_file or {}, "compose/.env")
-        + from_environment(environ)
-        + from_set_args(sets)
+        from_environment(settings.env_file, ENV_FILE)
+        + from_environment(settings.environ)
+        + from_set_args(settings.sets)
     )
-    loaded = load(name, overrides)
-    plan = render(loaded, resolve(loaded.profile, install))
-    image = describe_image(plan.profile.deployment.image, {**(env_file or {}), **environ})
-    return dataclasses.replace(plan, image=image)
-
-
+    loaded = load(settings.profile_name(profile), overrides)
+    plan = assemble(loaded, resolve(loaded.profile, install))
+    # with an API key set, vLLM loads the kit's guard of every route (vLLM's own --api-key
+    # guards only some paths); the key itself stays in its file
+    argv = (*plan.argv, "--middleware", MIDDLEWARE) if settings.api_key() else plan.argv
+    return dataclasses.replace(plan, argv=argv, image=describe_image(
+        plan.profile.deployment.image, settings.merged))  # fmt: skip

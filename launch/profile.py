@@ -106,6 +106,17 @@ class EngineArgs:
     the whole command with the installed vLLM's parser before it starts anything."""
 
     @property
+    def world_size(self) -> int:
+        """GPUs (or CPU workers) one replica uses: TP x PP."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens one request adds to a decode step: itself, plus the draft's proposals."""
+        spec = self.speculative_config
+        return 1 + (spec.num_speculative_tokens if spec else 0)
+
+    @property
     def model_id(self) -> str:
         """The id `/v1/models` reports: the served name if set, else the model repository."""
         return self.served_model_name or self.model
@@ -114,6 +125,11 @@ class EngineArgs:
     def model_is_local(self) -> bool:
         """The model is a directory in the image (an absolute path), not a Hub repository."""
         return self.model.startswith("/")
+
+
+TEARDOWN_S = 30
+"""After the drain: vLLM stops its engine core and workers and frees their memory (the CPU
+server exits within seconds; four GPU workers and their NCCL communicators take longer)."""
 
 
 @dataclass(frozen=True)
@@ -158,6 +174,10 @@ class Deployment:
     """Shared memory for the workers (compose shm_size, Kubernetes /dev/shm)."""
     startup_budget_s: int = 2400
     """How long weight loading and graph capture may take before health checks count."""
+    drain_s: int = 60
+    """On `docker compose stop`/`down` (SIGTERM), how long requests in flight may run on before
+    vLLM aborts them (`vllm serve --shutdown-timeout`); compose's stop grace period and the
+    pod's termination grace add `TEARDOWN_S` for the engine's own exit."""
     image: str = "kit"
     """Image source in compose/images.lock: `kit` (this kit's image) or `qualified` (the seed's
     qualified runtime)."""
@@ -235,3 +255,9 @@ class Profile:
     expect: Expect = field(default_factory=Expect)
     smoke: Smoke = field(default_factory=Smoke)
     sources: tuple[str, ...] = ()
+
+    @property
+    def stop_grace_s(self) -> int:
+        """How long compose (and Kubernetes) wait after SIGTERM before SIGKILL: the drain, then
+        the engine's own exit."""
+        return self.deployment.drain_s + TEARDOWN_S

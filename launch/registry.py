@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import requests
 
-from launch.errors import ProfileError
+from launch.errors import UsageError
 
 MANIFEST_TYPES = (
     "application/vnd.oci.image.index.v1+json",
@@ -50,10 +50,10 @@ class ImageRef:
 def parse_ref(ref: str) -> ImageRef:
     """`[registry[:port]/]repository:tag` -> parts (Docker Hub when no registry is named)."""
     if "@" in ref:
-        raise ProfileError("IMAGE", ref, "is already a digest reference", "pass repo:tag to pin")
+        raise UsageError("IMAGE", ref, "is already a digest reference", "pass repo:tag to pin")
     name, sep, tag = ref.rpartition(":")
     if not sep or "/" in tag or not name:
-        raise ProfileError("IMAGE", ref, "has no tag", "pass repo:tag, e.g. kit/glm53:2026-11-29")
+        raise UsageError("IMAGE", ref, "has no tag", "pass repo:tag, e.g. kit/glm53:2026-11-29")
     first, slash, rest = name.partition("/")
     if slash and ("." in first or ":" in first or first == "localhost"):
         registry, repository = first, rest
@@ -94,7 +94,7 @@ def _token(
     params = dict(_BEARER.findall(challenge))
     realm = params.pop("realm", None)
     if not realm:
-        raise ProfileError(
+        raise UsageError(
             "IMAGE",
             ref.name,
             f"registry asked for auth it did not describe: {challenge!r}",
@@ -103,9 +103,9 @@ def _token(
     params.setdefault("scope", f"repository:{ref.repository}:pull")
     response = requests.get(realm, params=params, auth=login, timeout=timeout)
     if response.status_code in (401, 403):
-        raise ProfileError("IMAGE", ref.name, f"the token service refused "
-                           f"{'the docker login of ' + login[0] if login else 'anonymous access'}",
-                           _login_fix(ref))  # fmt: skip
+        raise UsageError("IMAGE", ref.name, f"the token service refused "
+                         f"{'the docker login of ' + login[0] if login else 'anonymous access'}",
+                         _login_fix(ref))  # fmt: skip
     response.raise_for_status()
     body = response.json()
     return body.get("token") or body["access_token"]
@@ -128,14 +128,14 @@ def resolve_digest(ref: ImageRef, *, timeout: float = 30.0) -> str:
         elif response.status_code == 401 and login is not None:
             response = requests.get(url, headers=headers, auth=login, timeout=timeout)
     except requests.RequestException as err:
-        raise ProfileError(
+        raise UsageError(
             "IMAGE",
             f"{ref.name}:{ref.tag}",
             f"registry {ref.registry} is not reachable ({type(err).__name__})",
             "check the name and network",
         ) from err
     if response.status_code == 404:
-        raise ProfileError(
+        raise UsageError(
             "IMAGE",
             f"{ref.name}:{ref.tag}",
             f"tag not found on {ref.registry}",
@@ -143,11 +143,11 @@ def resolve_digest(ref: ImageRef, *, timeout: float = 30.0) -> str:
         )
     if response.status_code in (401, 403):
         who = f"the docker login of {login[0]!r}" if login else "a request without a login"
-        raise ProfileError("IMAGE", f"{ref.name}:{ref.tag}",
-                           f"registry {ref.registry} refused {who} (HTTP {response.status_code})",
-                           _login_fix(ref))  # fmt: skip
+        raise UsageError("IMAGE", f"{ref.name}:{ref.tag}",
+                         f"registry {ref.registry} refused {who} (HTTP {response.status_code})",
+                         _login_fix(ref))  # fmt: skip
     if response.status_code != 200:
-        raise ProfileError(
+        raise UsageError(
             "IMAGE",
             f"{ref.name}:{ref.tag}",
             f"registry answered HTTP {response.status_code}",
@@ -156,7 +156,7 @@ def resolve_digest(ref: ImageRef, *, timeout: float = 30.0) -> str:
     body_digest = "sha256:" + hashlib.sha256(response.content).hexdigest()
     digest = response.headers.get("Docker-Content-Digest", body_digest)
     if digest != body_digest:
-        raise ProfileError(
+        raise UsageError(
             "IMAGE",
             f"{ref.name}:{ref.tag}",
             f"registry reported {digest} for a manifest whose SHA-256 is {body_digest}",

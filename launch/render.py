@@ -2,54 +2,27 @@
 
 Flags are derived from the EngineArgs field names (`max_num_seqs` -> `--max-num-seqs`), nested
 configs become compact JSON, and fork features become the environment variables vLLM registers
-for them (`launch.capabilities.feature_env`). The result is an argv list, never a shell string.
+for them (`launch.feature_env`). The result is an argv list, never a shell string.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shlex
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import fields
+from typing import TYPE_CHECKING
 
-from launch.capabilities import Resolution, feature_env
-from launch.deviations import Changed, Deviation, FellBack, NotChecked
+from launch.feature_env import feature_env
 from launch.kv_offload import OFF, OFFLOAD_FLAGS
-from launch.loader import Loaded, drop_expectations
 from launch.profile import EngineArgs, KVOffload, Profile
 from launch.schema import to_plain
 
+if TYPE_CHECKING:
+    from launch.plan import Plan
 
-@dataclass(frozen=True)
-class Plan:
-    """Exactly what `launch run` will execute, and what the start must show."""
-
-    profile: Profile
-    argv: tuple[str, ...]
-    env: dict[str, str]
-    deviations: tuple[Deviation, ...]
-    checked_against: str | None
-    placement: tuple[Changed, ...] = ()
-    image: str | None = None
-    """Which image runs it (source, lock key, digest), when a lock is at hand."""
-
-    @property
-    def qualified(self) -> bool:
-        return not self.deviations
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "profile": self.profile.name,
-            "argv": list(self.argv),
-            "env": dict(self.env),
-            "expect": to_plain(self.profile.expect),
-            "deviations": [str(d) for d in self.deviations],
-            "placement": [str(c) for c in self.placement],
-            "qualified": self.qualified,
-            "checked_against": self.checked_against,
-            "image": self.image,
-        }
+UNRENDERED_ENGINE_FIELDS = ("model", "extra_args", "kv_offload")
+"""EngineArgs fields that are not a `--field` flag: the positional model, the pass-through
+arguments, and the host tier (rendered as vLLM's two offloading flags)."""
 
 
 def flag(name: str) -> str:
@@ -68,7 +41,7 @@ def engine_argv(engine: EngineArgs) -> list[str]:
     """`vllm serve MODEL --flag value ...` from the engine arguments, in field order."""
     argv = ["vllm", "serve", engine.model]
     for f in fields(engine):
-        if f.name in ("model", "extra_args", "kv_offload"):
+        if f.name in UNRENDERED_ENGINE_FIELDS:
             continue
         value = getattr(engine, f.name)
         if value is None:
@@ -82,28 +55,30 @@ def engine_argv(engine: EngineArgs) -> list[str]:
     return [*argv, *offload_argv(engine.kv_offload), *engine.extra_args]
 
 
-def render(loaded: Loaded, resolution: Resolution) -> Plan:
-    """The plan for `resolution.profile` (the loaded profile after any allowed fallbacks)."""
-    p = resolution.profile
-    deviations: list[Deviation] = list(loaded.deviations)
-    dropped: dict[str, str] = {}
-    for req in resolution.fallbacks:
-        deviations.append(FellBack(req.field, req.value, req.needs, req.name, req.fallback))
-        for field in req.expect_dropped:
-            dropped.setdefault(field, f"fallback {req.name}")
-    dropped = {k: v for k, v in dropped.items() if k in p.expect.set_fields()}
-    deviations += [NotChecked(k, v) for k, v in sorted(dropped.items())]
-    p = dataclasses.replace(p, expect=drop_expectations(p.expect, dropped))
-    argv = [
-        *engine_argv(p.engine),
-        *(flag("host"), p.deployment.host, flag("port"), str(p.deployment.port)),
-    ]
+def serve_argv(p: Profile) -> list[str]:
+    """The whole `vllm serve` command line of a resolved profile."""
+    d = p.deployment
+    return [*engine_argv(p.engine), flag("host"), d.host, flag("port"), str(d.port),
+            flag("shutdown_timeout"), str(d.drain_s)]
+
+
+def serve_env(p: Profile) -> dict[str, str]:
+    """The environment `vllm serve` starts with: the GPUs (unless the runtime picked them) and
+    the variables of the profile's fork features."""
     env = {}
     if p.deployment.device == "cuda" and not p.deployment.gpus_from_runtime:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, p.deployment.gpu_devices))
-    env.update(feature_env(p.features))
-    return Plan(p, tuple(argv), env, tuple(deviations), resolution.checked_against,
-                loaded.placement)  # fmt: skip
+    return env | feature_env(p.features)
+
+
+def rendered_flags() -> dict[str, str]:
+    """Every flag the renderer writes itself -> the profile path it comes from (a pass-through
+    argument may not set one of them a second time)."""
+    flags = {flag(f.name): f"engine.{f.name}" for f in fields(EngineArgs)
+             if f.name not in UNRENDERED_ENGINE_FIELDS}  # fmt: skip
+    flags |= {flag("host"): "deployment.host", flag("port"): "deployment.port",
+              flag("shutdown_timeout"): "deployment.drain_s"}
+    return flags | {name: f"engine.kv_offload.{field}" for name, field in OFFLOAD_FLAGS.items()}
 
 
 def plan_header(plan: Plan) -> list[str]:

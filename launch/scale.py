@@ -10,36 +10,35 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from launch.errors import ProfileError
-from launch.render import Plan
+from launch.errors import UsageError
+from launch.gpus import example_gpus, gpu_list_problem, parse_gpus
+from launch.plan import Plan
 
 ROUTER_PORT = 8000
 ROUTER_POLICY = "cache_aware"  # prefix-aware routing keeps a conversation's KV cache warm
-HF_SECRET = "hf-token"
+SECRET = "glm53-secrets"
+"""The Kubernetes Secret holding the files compose mounts at /run/secrets (keys vllm_api_key,
+hf_token; both optional): `kubectl create secret generic glm53-secrets
+--from-file=compose/secrets/vllm_api_key --from-file=compose/secrets/hf_token`."""
+SECRETS_MOUNT = "/run/secrets"
 PROBE_PERIOD_S = 10
 
 
 def parse_gpu_sets(text: str, plan: Plan) -> list[tuple[int, ...]]:
     """`"0,1,2,3 4,5,6,7"` -> GPU sets, each TP x PP GPUs, no GPU in two sets."""
-    e = plan.profile.engine
-    need = e.tensor_parallel_size * e.pipeline_parallel_size
+    need = plan.profile.engine.world_size
     sets: list[tuple[int, ...]] = []
     for word in text.split():
-        try:
-            gpus = tuple(int(g) for g in word.split(",") if g)
-        except ValueError:
-            gpus = ()
-        if len(gpus) != need or any(g < 0 for g in gpus) or len(set(gpus)) != len(gpus):
-            raise ProfileError(
-                "GPU_SETS",
-                text,
-                f"set {word!r} must list {need} distinct GPU indices (TP x PP)",
-                'e.g. GPU_SETS="0,1,2,3 4,5,6,7"',
-            )
+        gpus = parse_gpus(word)
+        problem = "is not a list of GPU indices" if gpus is None else gpu_list_problem(gpus, need)
+        if problem or gpus is None:
+            raise UsageError("GPU_SETS", text, f"set {word!r} {problem}",
+                             f'one set of {need} distinct GPUs per replica, e.g. GPU_SETS='
+                             f'"{example_gpus(need)} ..."')  # fmt: skip
         sets.append(gpus)
     used = [g for s in sets for g in s]
     if not sets or len(used) != len(set(used)):
-        raise ProfileError(
+        raise UsageError(
             "GPU_SETS",
             text,
             "must name at least one set and use each GPU once",
@@ -51,12 +50,12 @@ def parse_gpu_sets(text: str, plan: Plan) -> list[tuple[int, ...]]:
 def cpu_replicas(count: int | None, plan: Plan) -> list[tuple[int, ...]]:
     """`--replicas N` for a CPU profile: N replicas, none holding a GPU."""
     if plan.profile.deployment.device != "cpu":
-        raise ProfileError(
+        raise UsageError(
             "--replicas", count, "sets the replica count of CPU profiles only",
             'give GPU profiles one GPU set per replica: --gpu-sets "0,1,2,3 4,5,6,7"',
         )  # fmt: skip
     if count is None or count < 1:
-        raise ProfileError("--replicas", count, "must be at least 1", "e.g. --replicas 2")
+        raise UsageError("--replicas", count, "must be at least 1", "e.g. --replicas 2")
     return [()] * count
 
 
@@ -74,6 +73,7 @@ def replica_runtime_env(plan: Plan) -> dict[str, str]:
         "PROFILE": plan.profile.name,
         "SHM_SIZE": f"{d.shm_size_gib}gb",
         "HEALTH_START_PERIOD": f"{d.startup_budget_s}s",
+        "STOP_GRACE_PERIOD": f"{plan.profile.stop_grace_s}s",
     }
 
 
@@ -103,7 +103,8 @@ def compose_replicas(plan: Plan, gpu_sets: list[tuple[int, ...]], *, base: dict[
                        for i in range(len(gpu_sets))},
         "init": True,
     }  # fmt: skip
-    return {"name": base["name"], "services": services, "volumes": copy.deepcopy(base["volumes"])}
+    return {"name": base["name"], "services": services, "volumes": copy.deepcopy(base["volumes"]),
+            "secrets": copy.deepcopy(base["secrets"])}
 
 
 def router_argv(workers: list[str]) -> list[str]:
@@ -152,15 +153,16 @@ def k8s_manifests(plan: Plan, image: str, router_image: str | None, replicas: in
     checkout's launcher.
 
     The pod runs what the compose `service` runs (merged compose file, `compose_files`): its
-    entrypoint, its environment (cache directories, PYTHONPATH, GPUS_FROM_RUNTIME; HF_TOKEN from
-    the Secret), and the kit's packages mounted the same way (the launcher and the geometry
-    plugin, from one ConfigMap). `kit_files` maps paths below /opt/kit to their text.
+    entrypoint, its environment (cache directories, PYTHONPATH, GPUS_FROM_RUNTIME, the secret
+    files' paths), the API key and Hub token as files from the Secret at /run/secrets, and the
+    kit's packages mounted the same way (the launcher and the geometry plugin, from one
+    ConfigMap). `kit_files` maps paths below /opt/kit to their text.
     """
     p = plan.profile
     d, e = p.deployment, p.engine
     name = f"glm53-{p.name}"
     labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/component": "vllm"}
-    gpus = e.tensor_parallel_size * e.pipeline_parallel_size
+    gpus = e.world_size
     # GPUs through the NVIDIA device plugin; a CPU profile asks for none
     resources = (
         {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}}
@@ -168,14 +170,13 @@ def k8s_manifests(plan: Plan, image: str, router_image: str | None, replicas: in
         else {}
     )
     env = [{"name": k, "value": v} for k, v in plan.env.items() if k != "CUDA_VISIBLE_DEVICES"]
-    env += [{"name": k, "value": str(v)} for k, v in service["environment"].items()
-            if k != "HF_TOKEN"]  # fmt: skip
-    env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
-        "name": HF_SECRET, "key": "token", "optional": True}}})  # fmt: skip
+    env += [{"name": k, "value": str(v)} for k, v in service["environment"].items()]
     mounted = kit_mounts(service)
     pod = {
         "metadata": {"labels": labels},
         "spec": {
+            # SIGTERM, the profile's drain for requests in flight, the engine's teardown
+            "terminationGracePeriodSeconds": p.stop_grace_s,
             "containers": [{
                 "name": "vllm",
                 "image": image,
@@ -191,10 +192,14 @@ def k8s_manifests(plan: Plan, image: str, router_image: str | None, replicas: in
                     {"name": "dshm", "mountPath": "/dev/shm"},
                     {"name": "hf-cache", "mountPath": "/hf"},
                     {"name": "jit-cache", "mountPath": "/cache"},
+                    # the secrets as files, where compose mounts them (never environment)
+                    {"name": "secrets", "mountPath": SECRETS_MOUNT, "readOnly": True},
                 ],
             }],
             "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory",
-                                                      "sizeLimit": f"{d.shm_size_gib}Gi"}}],
+                                                      "sizeLimit": f"{d.shm_size_gib}Gi"}},
+                        {"name": "secrets", "secret": {"secretName": SECRET, "optional": True,
+                                                       "defaultMode": 0o444}}],
         },
     }  # fmt: skip
     docs: list[dict[str, Any]] = []

@@ -2,7 +2,7 @@
 
 Types come from the dataclass annotations, so the model in `launch.profile` is the only schema;
 pydantic validates against it. An unknown key, a wrong type or a missing field is a
-`ProfileError` naming the dotted path.
+`UsageError` naming the dotted path.
 """
 
 from __future__ import annotations
@@ -10,19 +10,24 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import types
 from collections.abc import Mapping
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from pydantic import TypeAdapter, ValidationError
 
-from launch.errors import ProfileError
+from launch.errors import UsageError
 
 T = TypeVar("T")
 
 _NONE_WORDS = frozenset({"none", "null", ""})
 _TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 _FALSE_WORDS = frozenset({"0", "false", "no", "off"})
+
+
+INT_BOUND = 2**63 - 1
+"""No integer setting of vLLM holds more (its configs end in int64 tensors and C code)."""
 
 
 def _hints(cls: type) -> dict[str, Any]:
@@ -58,13 +63,16 @@ def build(cls: type[T], data: Any, path: str) -> T:
     """Build dataclass `cls` from plain data with pydantic's strict JSON-mode validation (a YAML
     list makes a tuple and an integer a float; a string is no number and true is no integer),
     every model dataclass refusing keys it does not have (`STRICT`). The first problem becomes
-    one ProfileError naming its dotted path, the rule and the fix."""
+    one UsageError naming its dotted path, the rule and the fix."""
     try:
-        text = json.dumps(data)
+        text = json.dumps(data, allow_nan=False)
     except (TypeError, ValueError):
         bad, where = _not_json(data, path)
-        raise ProfileError(where, bad, "is not plain YAML data (a number, string, true/false, "
-                           "list or mapping)", "quote it as a string") from None  # fmt: skip
+        if isinstance(bad, float):
+            raise UsageError(where, bad, "is not a finite number",
+                             "give a number such as 32 or 0.5") from None  # fmt: skip
+        raise UsageError(where, bad, "is not plain YAML data (a number, string, true/false, "
+                         "list or mapping)", "quote it as a string") from None  # fmt: skip
     try:
         return TypeAdapter(cls).validate_json(text, strict=True)
     except ValidationError as exc:
@@ -89,13 +97,13 @@ def _not_json(data: Any, path: str) -> tuple[Any, str]:
                 return found
         return None, ""
     try:
-        json.dumps(data)
+        json.dumps(data, allow_nan=False)
     except (TypeError, ValueError):
         return data, path or "(profile)"
     return None, ""
 
 
-def _problem(cls: type, path: str, error: Any) -> ProfileError:
+def _problem(cls: type, path: str, error: Any) -> UsageError:
     loc = error["loc"]
     where = path
     for part in loc:
@@ -107,21 +115,21 @@ def _problem(cls: type, path: str, error: Any) -> ProfileError:
     value = error.get("input")
     kind = error["type"]
     if kind == "missing":
-        return ProfileError(where, None, "is required", f"add '{loc[-1]}:' to the profile")
+        return UsageError(where, None, "is required", f"add '{loc[-1]}:' to the profile")
     if kind == "unexpected_keyword_argument":
         known = [f.name for f in dataclasses.fields(_hint_along(cls, loc[:-1]))]
         close = difflib.get_close_matches(str(loc[-1]), known, n=1)
         fix = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(known)}"
-        return ProfileError(where, value, "unknown key (a typo would otherwise be ignored)", fix)
+        return UsageError(where, value, "unknown key (a typo would otherwise be ignored)", fix)
     if kind in ("dataclass_type", "dataclass_exact_type"):
-        return ProfileError(where, value, "must be a mapping of keys to values",
-                            "write it as key: value lines")  # fmt: skip
+        return UsageError(where, value, "must be a mapping of keys to values",
+                          "write it as key: value lines")  # fmt: skip
     if kind == "dict_type":
-        return ProfileError(where, value, "must be a mapping", "write it as key: value lines")
+        return UsageError(where, value, "must be a mapping", "write it as key: value lines")
     if kind in ("tuple_type", "list_type"):
-        return ProfileError(where, value, f"must be {_type_name(hint)}",
-                            "write it as a list, e.g. [0, 1]")  # fmt: skip
-    return ProfileError(where, value, f"must be {_type_name(hint)}", f"give {_type_name(hint)}")
+        return UsageError(where, value, f"must be {_type_name(hint)}",
+                          "write it as a list, e.g. [0, 1]")  # fmt: skip
+    return UsageError(where, value, f"must be {_type_name(hint)}", f"give {_type_name(hint)}")
 
 
 def _hint_along(cls: type, loc: tuple[str | int, ...]) -> Any:
@@ -158,9 +166,20 @@ def parse_text(hint: Any, text: str, path: str) -> Any:
                 return False
             raise ValueError(text)
         if hint is int:
-            return int(stripped.replace("_", ""))
+            digits = stripped.replace("_", "")
+            if not (digits.lstrip("-").isascii() and digits.lstrip("-").isdigit()):
+                raise ValueError(text)
+            value = int(digits)
+            if abs(value) > INT_BOUND:
+                raise UsageError(path, text, f"is beyond {INT_BOUND:,} (2^63 - 1, the largest "
+                                 "integer vLLM's configuration holds)", "give a realistic value")
+            return value
         if hint is float:
-            return float(stripped)
+            number = float(stripped)
+            if not math.isfinite(number):
+                raise UsageError(path, text, "is not a finite number",
+                                 "give a number such as 32 or 0.5")
+            return number
         if hint is str:
             return stripped
         if origin is tuple:
@@ -170,7 +189,7 @@ def parse_text(hint: Any, text: str, path: str) -> Any:
             return json.loads(stripped)
     except (ValueError, json.JSONDecodeError):
         pass
-    raise ProfileError(path, text, f"must be {_type_name(hint)}", f"give {_type_name(hint)}")
+    raise UsageError(path, text, f"must be {_type_name(hint)}", f"give {_type_name(hint)}")
 
 
 def hint_at(cls: type, dotted: str) -> Any:

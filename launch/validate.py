@@ -1,6 +1,6 @@
 """Fail-closed checks on a built profile: every rule the seeds and vLLM imply, before a start.
 
-Each rule is a pure function of the profile that raises `ProfileError` with the field, the value,
+Each rule is a pure function of the profile that raises `UsageError` with the field, the value,
 the rule and a fix. `validate` runs them in order and stops at the first violation, so the user
 gets one clear message.
 """
@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import fields
 
-from launch.errors import ProfileError
+from launch.errors import UsageError
+from launch.gpus import example_gpus, gpu_list_problem
 from launch.image_lock import SOURCES as IMAGE_SOURCES
 from launch.kv_offload import (
     GIB,
     OFF,
-    OFFLOAD_FLAGS,
     gib,
     region_bytes,
     shm_needed_bytes,
@@ -24,6 +23,7 @@ from launch.kv_offload import (
 )
 from launch.overrides import ENV_OVERRIDES
 from launch.profile import GLM53_ARCHITECTURE, Profile
+from launch.render import rendered_flags
 from launch.vllm_vocab import (
     CUDAGRAPH_MODES,
     GLM53_SPEC_METHODS,
@@ -40,7 +40,7 @@ Rule = Callable[[Profile], None]
 
 def _positive(field: str, value: int | None, fix: str) -> None:
     if value is not None and value <= 0:
-        raise ProfileError(field, value, "must be a positive integer", fix)
+        raise UsageError(field, value, "must be a positive integer", fix)
 
 
 def check_parallel_sizes(p: Profile) -> None:
@@ -53,7 +53,7 @@ def check_parallel_sizes(p: Profile) -> None:
         "engine.decode_context_parallel_size", e.decode_context_parallel_size, "set DCP to 1 or 4"
     )
     if e.tensor_parallel_size % e.decode_context_parallel_size:
-        raise ProfileError(
+        raise UsageError(
             "engine.decode_context_parallel_size",
             e.decode_context_parallel_size,
             f"must divide tensor_parallel_size ({e.tensor_parallel_size}); DCP shards the KV cache "
@@ -67,7 +67,7 @@ def check_interleave(p: Profile) -> None:
     size = e.cp_kv_cache_interleave_size
     _positive("engine.cp_kv_cache_interleave_size", size, "use 1, or 4 as qualified with DCP4")
     if e.decode_context_parallel_size == 1 and size != 1:
-        raise ProfileError(
+        raise UsageError(
             "engine.cp_kv_cache_interleave_size",
             size,
             "has no meaning without context parallelism (DCP=1)",
@@ -75,7 +75,7 @@ def check_interleave(p: Profile) -> None:
         )
     split = p.features.split_pages
     if split is not None and split.target_block_size % size:
-        raise ProfileError(
+        raise UsageError(
             "engine.cp_kv_cache_interleave_size",
             size,
             f"must divide the target block size ({split.target_block_size}); vLLM requires block "
@@ -87,12 +87,12 @@ def check_interleave(p: Profile) -> None:
 def check_device(p: Profile) -> None:
     d = p.deployment
     if d.device not in DEVICES:
-        raise ProfileError(
+        raise UsageError(
             "deployment.device", d.device, "is not a device the kit serves on",
             f"use one of {', '.join(DEVICES)}",
         )  # fmt: skip
     if d.device == "cpu" and d.gpu_devices:
-        raise ProfileError(
+        raise UsageError(
             "deployment.gpu_devices",
             ",".join(map(str, d.gpu_devices)),
             "lists GPUs for a CPU profile (vLLM's CPU build uses none)",
@@ -103,30 +103,11 @@ def check_device(p: Profile) -> None:
 def check_gpus(p: Profile) -> None:
     if p.deployment.device == "cpu":
         return
-    gpus = p.deployment.gpu_devices
-    need = p.engine.tensor_parallel_size * p.engine.pipeline_parallel_size
-    for gpu in gpus:
-        if gpu < 0:
-            raise ProfileError(
-                "deployment.gpu_devices",
-                ",".join(map(str, gpus)),
-                f"GPU index {gpu} is negative",
-                "list GPU indices such as 0,1,2,3",
-            )
-    if len(set(gpus)) != len(gpus):
-        raise ProfileError(
-            "deployment.gpu_devices",
-            ",".join(map(str, gpus)),
-            "lists a GPU twice",
-            "list each GPU once, e.g. GPU_DEVICES=0,1,2,3",
-        )
-    if len(gpus) != need:
-        raise ProfileError(
-            "deployment.gpu_devices",
-            ",".join(map(str, gpus)),
-            f"has {len(gpus)} GPUs but TP x PP = {need}",
-            f"list exactly {need} GPUs, e.g. GPU_DEVICES={','.join(map(str, range(need)))}",
-        )
+    gpus, need = p.deployment.gpu_devices, p.engine.world_size
+    problem = gpu_list_problem(gpus, need)
+    if problem:
+        raise UsageError("deployment.gpu_devices", ",".join(map(str, gpus)), problem,
+                         f"list {need} distinct GPUs, e.g. GPU_DEVICES={example_gpus(need)}")
 
 
 def check_lengths(p: Profile) -> None:
@@ -143,7 +124,7 @@ def check_lengths(p: Profile) -> None:
 def check_memory(p: Profile) -> None:
     e = p.engine
     if e.kv_cache_memory_bytes is not None and e.gpu_memory_utilization is not None:
-        raise ProfileError(
+        raise UsageError(
             "engine.gpu_memory_utilization",
             e.gpu_memory_utilization,
             f"cannot be combined with kv_cache_memory_bytes ({e.kv_cache_memory_bytes}); vLLM "
@@ -154,11 +135,11 @@ def check_memory(p: Profile) -> None:
     _positive(
         "engine.kv_cache_memory_bytes",
         e.kv_cache_memory_bytes,
-        "give a byte count, e.g. KV_CACHE_MEMORY=12884901888 (12 GiB)",
+        "give a byte count, e.g. KV_CACHE_MEMORY=12GiB (12884901888 bytes)",
     )
     util = e.gpu_memory_utilization
     if util is not None and not 0.0 < util <= 1.0:
-        raise ProfileError(
+        raise UsageError(
             "engine.gpu_memory_utilization",
             util,
             "must be a fraction in (0, 1]",
@@ -174,7 +155,7 @@ def check_vocabulary(p: Profile) -> None:
         and cc.cudagraph_mode is not None
         and cc.cudagraph_mode not in CUDAGRAPH_MODES
     ):
-        raise ProfileError(
+        raise UsageError(
             "engine.compilation_config.cudagraph_mode",
             cc.cudagraph_mode,
             "is not a vLLM CUDA graph mode",
@@ -188,14 +169,14 @@ def check_vocabulary(p: Profile) -> None:
         ),
     ):
         if dtype is not None and dtype not in KV_CACHE_DTYPES:
-            raise ProfileError(
+            raise UsageError(
                 field,
                 dtype,
                 "is not a vLLM KV cache dtype",
                 "use auto, fp8 or another vLLM CacheDType",
             )
     if e.mamba_cache_mode is not None and e.mamba_cache_mode not in MAMBA_CACHE_MODES:
-        raise ProfileError(
+        raise UsageError(
             "engine.mamba_cache_mode",
             e.mamba_cache_mode,
             "is not a vLLM mamba cache mode",
@@ -209,7 +190,7 @@ def check_speculative(p: Profile) -> None:
     if spec is None:
         return
     if spec.method not in GLM53_SPEC_METHODS:
-        raise ProfileError(
+        raise UsageError(
             "engine.speculative_config.method",
             spec.method,
             "is not a speculative method vLLM offers for a GLM-5.3 target",
@@ -222,23 +203,23 @@ def check_speculative(p: Profile) -> None:
         "set NUM_SPECULATIVE_TOKENS to the draft depth, e.g. 7 for DFlash or 3 for MTP",
     )
     if spec.method == "dflash" and spec.model is None:
-        raise ProfileError(
+        raise UsageError(
             "engine.speculative_config.model",
             None,
             "a DFlash draft needs its own checkpoint",
             "set speculative_config.model to the draft repository",
         )
     if spec.method == "mtp" and spec.model is not None:
-        raise ProfileError(
+        raise UsageError(
             "engine.speculative_config.model",
             spec.model,
             "MTP uses the target checkpoint's own head, not a separate model",
             "remove speculative_config.model",
         )
-    step = k + 1
+    step = e.tokens_per_step
     batched = e.max_num_batched_tokens
     if batched is not None and step > batched:
-        raise ProfileError(
+        raise UsageError(
             "engine.speculative_config.num_speculative_tokens",
             k,
             f"a decode step of one request verifies {step} tokens, more than "
@@ -258,12 +239,11 @@ def check_capture_size(p: Profile) -> None:
         size,
         "set MAX_CUDAGRAPH_CAPTURE_SIZE, e.g. 128",
     )
-    spec = e.speculative_config
-    per_seq = 1 + (spec.num_speculative_tokens if spec else 0)
+    per_seq = e.tokens_per_step
     if e.max_num_seqs is not None:
         needed = e.max_num_seqs * per_seq
         if size > needed:
-            raise ProfileError(
+            raise UsageError(
                 "engine.compilation_config.max_cudagraph_capture_size",
                 size,
                 f"exceeds the largest decode batch max_num_seqs x (1 + speculative tokens) = "
@@ -271,7 +251,7 @@ def check_capture_size(p: Profile) -> None:
                 f"set MAX_CUDAGRAPH_CAPTURE_SIZE to at most {needed}, or raise MAX_NUM_SEQS",
             )
     if e.max_num_batched_tokens is not None and size > e.max_num_batched_tokens:
-        raise ProfileError(
+        raise UsageError(
             "engine.compilation_config.max_cudagraph_capture_size",
             size,
             f"exceeds max_num_batched_tokens ({e.max_num_batched_tokens})",
@@ -297,7 +277,7 @@ def check_split_pages(p: Profile) -> None:
         # vLLM's align-mode scheduler splits chunks at one block size (cache_config.block_size)
         # while the recurrent manager checkpoints at its own: unequal sizes can resume recurrent
         # state from the wrong checkpoint on a prefix-cache hit (vLLM issue #54076).
-        raise ProfileError(
+        raise UsageError(
             "features.split_pages.mamba_block_size",
             split.mamba_block_size,
             f"must equal the target block ({split.target_block_size}): the scheduler's "
@@ -305,14 +285,14 @@ def check_split_pages(p: Profile) -> None:
             f"set VLLM_GLM53_SPLIT_MAMBA_BLOCK_SIZE={split.target_block_size}",
         )
     if p.architecture != GLM53_ARCHITECTURE:
-        raise ProfileError(
+        raise UsageError(
             "architecture",
             p.architecture,
             f"split pages exist only for {GLM53_ARCHITECTURE}",
             "remove features.split_pages",
         )
     if p.engine.mamba_cache_mode != "align":
-        raise ProfileError(
+        raise UsageError(
             "engine.mamba_cache_mode",
             p.engine.mamba_cache_mode,
             "split pages require mamba_cache_mode=align",
@@ -324,7 +304,7 @@ def check_revisions(p: Profile) -> None:
     e = p.engine
     if e.model_is_local:
         if e.revision is not None:
-            raise ProfileError(
+            raise UsageError(
                 "engine.revision",
                 e.revision,
                 f"has no meaning for a model directory ({e.model}); revisions pin Hub repositories",
@@ -344,7 +324,7 @@ def check_revisions(p: Profile) -> None:
         )
     for field, rev, env in pins:
         if rev is None or not _COMMIT.fullmatch(rev):
-            raise ProfileError(
+            raise UsageError(
                 field,
                 rev,
                 "must be a full 40-hex commit; a branch or tag can move under a running deployment",
@@ -355,7 +335,7 @@ def check_revisions(p: Profile) -> None:
 def check_expectations(p: Profile) -> None:
     x = p.expect
     if (x.max_concurrency_min is None) != (x.max_concurrency_tokens is None):
-        raise ProfileError(
+        raise UsageError(
             "expect.max_concurrency_tokens",
             x.max_concurrency_tokens,
             "a concurrency floor means nothing without the request length it is for (vLLM "
@@ -363,7 +343,7 @@ def check_expectations(p: Profile) -> None:
             "set both expect.max_concurrency_min and expect.max_concurrency_tokens, or neither",
         )
     if x.max_concurrency_tokens is not None and x.max_concurrency_tokens != p.engine.max_model_len:
-        raise ProfileError(
+        raise UsageError(
             "expect.max_concurrency_tokens",
             x.max_concurrency_tokens,
             f"differs from engine.max_model_len ({p.engine.max_model_len}), the length vLLM "
@@ -371,14 +351,14 @@ def check_expectations(p: Profile) -> None:
             "state the floor for max_model_len tokens",
         )
     if x.spec_acceptance_length_min is not None and p.engine.speculative_config is None:
-        raise ProfileError(
+        raise UsageError(
             "expect.spec_acceptance_length_min",
             x.spec_acceptance_length_min,
             "an acceptance floor for a profile that does not speculate",
             "remove it, or set engine.speculative_config",
         )
     if x.spec_acceptance_length_min is not None and x.spec_acceptance_length_min < 1.0:
-        raise ProfileError(
+        raise UsageError(
             "expect.spec_acceptance_length_min",
             x.spec_acceptance_length_min,
             "is below 1.0; every draft round yields at least the target's own token",
@@ -389,11 +369,11 @@ def check_expectations(p: Profile) -> None:
 def check_smoke(p: Profile) -> None:
     sm = p.smoke
     if not 0.0 <= sm.needle_depth <= 1.0:
-        raise ProfileError("smoke.needle_depth", sm.needle_depth, "must be within 0..1",
-                           "e.g. 0.5 (half-way into the prompt)")  # fmt: skip
+        raise UsageError("smoke.needle_depth", sm.needle_depth, "must be within 0..1",
+                         "e.g. 0.5 (half-way into the prompt)")  # fmt: skip
     limit = p.engine.max_model_len
     if sm.context_tokens is not None and limit is not None and sm.context_tokens >= limit:
-        raise ProfileError(
+        raise UsageError(
             "smoke.context_tokens", sm.context_tokens,
             f"leaves no room to answer within engine.max_model_len ({limit})",
             f"use fewer than {limit} tokens",
@@ -403,13 +383,11 @@ def check_smoke(p: Profile) -> None:
 def check_extra_args(p: Profile) -> None:
     extra = p.engine.extra_args
     if extra and not extra[0].startswith("--"):
-        raise ProfileError(
+        raise UsageError(
             "engine.extra_args", " ".join(extra), "must start with a --flag",
             'e.g. VLLM_EXTRA_ARGS="--seed 7 --max-logprobs 5"',
         )  # fmt: skip
-    rendered = {"--" + f.name.replace("_", "-"): f"engine.{f.name}" for f in fields(p.engine)}
-    rendered |= {"--host": "deployment.host", "--port": "deployment.port"}
-    rendered |= {name: f"engine.kv_offload.{field}" for name, field in OFFLOAD_FLAGS.items()}
+    rendered = rendered_flags()
     variables = {path: name for name, path in ENV_OVERRIDES.items()}
     for arg in extra:
         name = arg.split("=", 1)[0]
@@ -417,7 +395,7 @@ def check_extra_args(p: Profile) -> None:
         if base in rendered:
             field = rendered[base]
             variable = f"{variables[field]}=..., or " if field in variables else ""
-            raise ProfileError(
+            raise UsageError(
                 "engine.extra_args", arg,
                 f"sets {base}, which the profile renders from {field}",
                 f"set {field} instead ({variable}--set {field}=...)",
@@ -432,15 +410,15 @@ def check_kv_offload(p: Profile) -> None:
         return
     modes = (OFF, *sorted(KV_OFFLOADING_BACKENDS))
     if o.backend not in modes:
-        raise ProfileError("engine.kv_offload.backend", o.backend, "is not a KV cache mode",
-                           f"use one of {', '.join(modes)} (CACHE_MODE)")  # fmt: skip
+        raise UsageError("engine.kv_offload.backend", o.backend, "is not a KV cache mode",
+                         f"use one of {', '.join(modes)} (CACHE_MODE)")  # fmt: skip
     if o.size_gib <= 0:
-        raise ProfileError("engine.kv_offload.size_gib", o.size_gib, "must be a positive "
-                           "number of GiB", "e.g. KV_OFFLOADING_SIZE_GB=64")  # fmt: skip
+        raise UsageError("engine.kv_offload.size_gib", o.size_gib, "must be a positive "
+                         "number of GiB", "e.g. KV_OFFLOADING_SIZE_GB=64")  # fmt: skip
     if o.backend == OFF:
         return
     if p.deployment.device == "cpu":
-        raise ProfileError(
+        raise UsageError(
             "engine.kv_offload.backend", o.backend,
             "offloads a GPU KV cache; vLLM's CPU build refuses it at start ('CPU Offloading is "
             "currently only supported on CUDA-alike and XPU GPUs', v1/kv_offload/cpu/spec.py)",
@@ -448,10 +426,10 @@ def check_kv_offload(p: Profile) -> None:
         )  # fmt: skip
     if o.backend != "native":
         return  # LMCache's own server holds its tiers; vLLM maps no region for it
-    world = p.engine.tensor_parallel_size * p.engine.pipeline_parallel_size
+    world = p.engine.world_size
     need, have = shm_needed_bytes(o.size_gib, world), p.deployment.shm_size_gib * GIB
     if need > have:
-        raise ProfileError(
+        raise UsageError(
             "deployment.shm_size_gib", p.deployment.shm_size_gib,
             f"is too small for the native KV tier: its /dev/shm region "
             f"{gib(region_bytes(o.size_gib))} + vLLM's own {gib(vllm_shm_bytes(world))} "
@@ -468,7 +446,7 @@ def check_host_memory(p: Profile, available: int | None) -> None:
         return
     need = region_bytes(o.size_gib)
     if need > available:
-        raise ProfileError(
+        raise UsageError(
             "engine.kv_offload.size_gib", o.size_gib,
             f"needs {gib(need)} of host memory for the native KV tier, and this host can give "
             f"{gib(available)} (MemAvailable, capped by the container's memory limit)",
@@ -479,7 +457,7 @@ def check_host_memory(p: Profile, available: int | None) -> None:
 def check_tool_choice(p: Profile) -> None:
     e = p.engine
     if e.enable_auto_tool_choice and not e.tool_call_parser:
-        raise ProfileError(
+        raise UsageError(
             "engine.enable_auto_tool_choice", True,
             "needs engine.tool_call_parser (vLLM refuses --enable-auto-tool-choice without one)",
             "set TOOL_CALL_PARSER (glm47 for GLM-5.x), or ENABLE_AUTO_TOOL_CHOICE=false",
@@ -489,7 +467,11 @@ def check_tool_choice(p: Profile) -> None:
 def check_port(p: Profile) -> None:
     port = p.deployment.port
     if not 1 <= port <= 65535:
-        raise ProfileError("deployment.port", port, "must be in 1..65535", "e.g. PORT=8000")
+        raise UsageError("deployment.port", port, "must be in 1..65535", "e.g. PORT=8000")
+
+
+MAX_DRAIN_S = 3600
+"""The longest drain on stop: an hour (a stop that waits longer is a hang to whoever stops it)."""
 
 
 def check_runtime_sizes(p: Profile) -> None:
@@ -499,11 +481,18 @@ def check_runtime_sizes(p: Profile) -> None:
         p.deployment.startup_budget_s,
         "e.g. STARTUP_BUDGET_S=2400 (40 minutes)",
     )
+    drain = p.deployment.drain_s
+    if not 0 <= drain <= MAX_DRAIN_S:
+        raise UsageError(
+            "deployment.drain_s", drain,
+            f"must be 0 (abort requests in flight at once) to {MAX_DRAIN_S} seconds",
+            "e.g. DRAIN_S=60",
+        )  # fmt: skip
 
 
 def check_image_source(p: Profile) -> None:
     if p.deployment.image not in IMAGE_SOURCES:
-        raise ProfileError(
+        raise UsageError(
             "deployment.image",
             p.deployment.image,
             "is not an image source",
@@ -535,7 +524,7 @@ RULES: tuple[Rule, ...] = (
 
 
 def validate(profile: Profile) -> Profile:
-    """Run every rule; raise the first `ProfileError`, else return the profile unchanged."""
+    """Run every rule; raise the first `UsageError`, else return the profile unchanged."""
     for rule in RULES:
         rule(profile)
     return profile

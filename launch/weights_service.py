@@ -9,18 +9,22 @@ import sys
 from dataclasses import dataclass
 
 from launch.compose_config import Configured
+from launch.compose_env import compose_env_args
 from launch.docker_api import docker_path
 from launch.image_lock import COMPOSE_DIR
 from launch.weights import MISSING_EXIT, NOT_FETCHED, WeightRepo, weight_repos
 
 SERVICE = "fetch"
+QUESTIONS = ("check", "verify")
+"""`launch.weights` actions that only answer (sizes; sizes and digests): their output is read."""
 
 
 def weights_argv(action: str, repos: list[WeightRepo]) -> list[str]:
     """`docker compose run` of the fetch service for `repos` (-T: no TTY for a check, so its
     output can be read; a download keeps the TTY for huggingface_hub's progress bars)."""
-    tty = ["-T"] if action == "check" else []
-    return ["docker", "compose", "run", "--rm", *tty, SERVICE, action, *(r.spec for r in repos)]
+    tty = ["-T"] if action in QUESTIONS else []
+    return ["docker", "compose", *compose_env_args(), "run", "--rm", *tty, SERVICE, action,
+            *(r.spec for r in repos)]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -32,11 +36,13 @@ class WeightsCheck:
     unchecked: str | None = None
 
 
-def weights_check(result: Configured, repos: list[WeightRepo]) -> WeightsCheck:
-    """Ask the fetch service (the profile's image) whether `repos` are fetched and verified.
-    compose/.env must already hold `result`. Missing means the check itself said so: compose
-    also exits 1 when it cannot pull the image or start the container."""
-    argv = weights_argv("check", repos)
+def weights_check(result: Configured, repos: list[WeightRepo],
+                  action: str = "check") -> WeightsCheck:  # fmt: skip
+    """Ask the fetch service (the profile's image) whether `repos` are fetched and verified
+    (`verify`: and every byte still has its recorded digest). compose/.env must already hold
+    `result`. Missing means the check itself said so: compose also exits 1 when it cannot pull
+    the image or start the container."""
+    argv = weights_argv(action, repos)
     argv[0] = docker_path()
     done = subprocess.run(argv, cwd=COMPOSE_DIR, capture_output=True, text=True, check=False)
     if done.returncode == 0:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from launch.errors import USAGE_EXIT, ProfileError
+from launch.errors import USAGE_EXIT, UsageError
 from smoke import bench_cmd, check_cmd, compare_cmd, geometry_cmd
 
 COMMANDS = (check_cmd, geometry_cmd, bench_cmd, compare_cmd)
@@ -21,7 +21,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = {m.NAME: m.run for m in COMMANDS}[args.command]
     try:
         return handler(args)
-    except ProfileError as err:
+    except UsageError as err:
         print(f"error: {err}", file=sys.stderr)
         return USAGE_EXIT
 

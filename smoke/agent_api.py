@@ -16,25 +16,24 @@ import base64
 import json
 import struct
 import zlib
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jsonschema
-import requests
 
-from smoke.api import (
-    READY_PROMPT,
+from smoke.api import READY_PROMPT
+from smoke.check import Check, Label, guard
+from smoke.client import (
     CheckFailed,
+    Messages,
     Server,
-    _choice,
-    _guard,
-    _json,
-    _post_json,
-    _stream_chunks,
+    decode_json,
+    exact_messages,
+    message_of,
+    post_json,
     reasoning_of,
+    stream_chunks,
 )
-from smoke.verdict import Check
 
 TOOL_PROMPT = "What is the weather in Paris right now?"
 TOOL_CITY = "Paris"
@@ -63,8 +62,6 @@ NEEDLE = "ORCHID-7319"
 """The code the seeds' runtime plants in its long-context check."""
 NEEDLE_SENTENCE = f"The secret code for the vault is {NEEDLE}."
 NEEDLE_QUESTION = "What is the secret code for the vault? Answer with the code only."
-FILLER = ("The river bends past the old mill, where the miller keeps his ledgers in a dry "
-          "room above the wheel. ")  # fmt: skip
 RED = (220, 20, 20)
 
 
@@ -75,17 +72,13 @@ def schema_problems(value: Any, schema: dict[str, Any]) -> list[str]:
     return [error.message for error in sorted(validator.iter_errors(value), key=str)]
 
 
-def _message(data: dict[str, Any]) -> dict[str, Any]:
-    return _choice(data).get("message") or {}
-
-
-def check_reasoning(server: Server) -> Check:
+def check_reasoning(label: Label, server: Server) -> Check:
     def body() -> str:
-        data = _json(_post_json(server, {
+        data = decode_json(post_json(server, {
             "messages": [{"role": "user", "content": READY_PROMPT}],
             "max_tokens": server.answer_budget(16),
         }))  # fmt: skip
-        message = _message(data)
+        message = message_of(data)
         thought, content = reasoning_of(message), message.get("content")
         if not thought:
             raise CheckFailed(f"no reasoning returned; content {content!r}")
@@ -93,7 +86,7 @@ def check_reasoning(server: Server) -> Check:
             raise CheckFailed(f"content {content!r} (reasoning {len(thought)} chars)")
         return f"reasoning {len(thought)} chars, content 'READY'"
 
-    return _guard("api: reasoning separated", "reasoning non-empty, content 'READY'", body)
+    return guard(label, "reasoning non-empty, content 'READY'", body)
 
 
 def _tool_request(server: Server, stream: bool) -> dict[str, Any]:
@@ -122,8 +115,8 @@ def _judge_call(name: str | None, arguments: str | None) -> dict[str, Any]:
 
 def tool_call(server: Server) -> tuple[str, dict[str, Any]]:
     """The first tool call of a non-streamed request, judged against the tool's schema."""
-    data = _json(_post_json(server, _tool_request(server, stream=False)))
-    message = _message(data)
+    data = decode_json(post_json(server, _tool_request(server, stream=False)))
+    message = message_of(data)
     calls = message.get("tool_calls") or []
     if not calls:
         raise CheckFailed(f"no tool_calls; content {message.get('content')!r}")
@@ -131,19 +124,19 @@ def tool_call(server: Server) -> tuple[str, dict[str, Any]]:
     return function.get("name"), _judge_call(function.get("name"), function.get("arguments"))
 
 
-def check_tool_call(server: Server) -> Check:
+def check_tool_call(label: Label, server: Server) -> Check:
     def body() -> str:
         name, args = tool_call(server)
         return f"{name}({json.dumps(args)})"
 
-    return _guard("api: tool call", "tool_calls with get_weather, arguments per schema", body)
+    return guard(label, "tool_calls with get_weather, arguments per schema", body)
 
 
-def check_tool_call_stream(server: Server) -> Check:
+def check_tool_call_stream(label: Label, server: Server) -> Check:
     def body() -> str:
         name, args = tool_call(server)
         streamed_name, pieces = None, []
-        for chunk in _stream_chunks(server, _tool_request(server, stream=True)):
+        for chunk in stream_chunks(server, _tool_request(server, stream=True)):
             for choice in chunk.get("choices") or []:
                 for call in (choice.get("delta") or {}).get("tool_calls") or []:
                     if call.get("index", 0) != 0:
@@ -156,18 +149,18 @@ def check_tool_call_stream(server: Server) -> Check:
             raise CheckFailed(f"streamed {json.dumps(streamed)}, whole {json.dumps(args)}")
         return f"{len(pieces)} argument deltas reassemble to {name}({json.dumps(streamed)})"
 
-    return _guard("api: streamed tool call", "deltas reassemble to the same call", body)
+    return guard(label, "deltas reassemble to the same call", body)
 
 
-def check_structured_output(server: Server) -> Check:
+def check_structured_output(label: Label, server: Server) -> Check:
     def body() -> str:
-        data = _json(_post_json(server, {
+        data = decode_json(post_json(server, {
             "messages": [{"role": "user", "content": STRUCTURED_PROMPT}],
             "max_tokens": server.answer_budget(64),
             "response_format": {"type": "json_schema",
                                 "json_schema": {"name": "answer", "schema": ANSWER_SCHEMA}},
         }, thinking_off=True))  # fmt: skip
-        content = _message(data).get("content")
+        content = message_of(data).get("content")
         try:
             value = json.loads(content or "")
         except ValueError as err:
@@ -177,16 +170,16 @@ def check_structured_output(server: Server) -> Check:
             raise CheckFailed(f"{content} does not match the schema: {'; '.join(problems)}")
         return content.strip()
 
-    return _guard("api: structured output", "JSON matching the response_format schema", body)
+    return guard(label, "JSON matching the response_format schema", body)
 
 
-def check_concurrency(server: Server, n: int = DEFAULT_CONCURRENCY) -> Check:
+def check_concurrency(label: Label, server: Server, n: int = DEFAULT_CONCURRENCY) -> Check:
     def one(_: int) -> str:
-        data = _json(_post_json(server, {
+        data = decode_json(post_json(server, {
             "messages": [{"role": "user", "content": READY_PROMPT}],
             "max_tokens": server.answer_budget(16),
         }, thinking_off=True))  # fmt: skip
-        return str(_message(data).get("content") or "").strip()
+        return str(message_of(data).get("content") or "").strip()
 
     def body() -> str:
         with ThreadPoolExecutor(max_workers=n) as pool:
@@ -196,7 +189,7 @@ def check_concurrency(server: Server, n: int = DEFAULT_CONCURRENCY) -> Check:
             raise CheckFailed(f"{len(wrong)} of {n} answered otherwise: {wrong[:3]}")
         return f"{n} of {n} answered 'READY'"
 
-    return _guard(f"api: {n} concurrent answers", f"all {n} answer 'READY'", body)
+    return guard(label, f"all {n} answer 'READY'", body)
 
 
 def png(colour: tuple[int, int, int], size: int = 64) -> bytes:
@@ -212,92 +205,49 @@ def png(colour: tuple[int, int, int], size: int = 64) -> bytes:
             + chunk(b"IDAT", zlib.compress(row * size)) + chunk(b"IEND", b""))  # fmt: skip
 
 
-def check_vision(server: Server) -> Check:
+def check_vision(label: Label, server: Server) -> Check:
     def body() -> str:
         url = "data:image/png;base64," + base64.b64encode(png(RED)).decode()
-        data = _json(_post_json(server, {
+        data = decode_json(post_json(server, {
             "messages": [{"role": "user", "content": [
                 {"type": "text", "text": "What colour is this image? Answer with one word."},
                 {"type": "image_url", "image_url": {"url": url}},
             ]}],
             "max_tokens": server.answer_budget(16),
         }, thinking_off=True))  # fmt: skip
-        content = str(_message(data).get("content") or "").strip()
+        content = str(message_of(data).get("content") or "").strip()
         if "red" not in content.lower():
             raise CheckFailed(f"answer {content!r} for a red image")
         return repr(content)
 
-    return _guard("api: vision", "a red PNG is named 'Red'", body)
+    return guard(label, "a red PNG is named 'Red'", body)
 
 
-def count_tokens(server: Server, messages: list[dict[str, Any]]) -> int:
-    """The chat-templated prompt length by the server's own tokenizer (`/tokenize`)."""
-    response = requests.post(server.url("/tokenize"),
-                             json={"model": server.model_id, "messages": messages},
-                             headers=server.headers(), timeout=(5, server.timeout))  # fmt: skip
-    data = _json(response)
-    if "count" not in data:
-        raise CheckFailed(f"/tokenize gave no count: {json.dumps(data)[:80]}")
-    return int(data["count"])
+def needle_prompt(server: Server, tokens: int, depth: float) -> Messages:
+    """Messages of exactly `tokens` tokens: filler with the needle at `depth` (at a sentence
+    boundary), then the question."""
 
-
-Messages = list[dict[str, Any]]
-
-
-def fewest_reaching(
-    server: Server, tokens: int, messages: Callable[[int], Messages]
-) -> tuple[int, int]:
-    """The fewest filler sentences n for which `messages(n)` counts at least `tokens` by the
-    server's tokenizer (doubling, then bisection), and that count."""
-    lo, hi = 0, 1
-    while (count := count_tokens(server, messages(hi))) < tokens:
-        lo, hi = hi, hi * 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if (mid_count := count_tokens(server, messages(mid))) >= tokens:
-            hi, count = mid, mid_count
-        else:
-            lo = mid
-    return hi, count
-
-
-def needle_prompt(server: Server, tokens: int, depth: float) -> list[dict[str, Any]]:
-    """Messages of exactly `tokens` tokens: filler with the needle at `depth`, then the question.
-    Whole filler sentences up to the budget, then single words to close the gap."""
-
-    def messages(filler: str) -> list[dict[str, Any]]:
+    def messages(filler: str) -> Messages:
         cut = int(len(filler) * depth)
         cut = filler.rfind(". ", 0, cut) + 2 if ". " in filler[:cut] else 0
         text = f"{filler[:cut]}{NEEDLE_SENTENCE} {filler[cut:]}\n\n{NEEDLE_QUESTION}"
         return [{"role": "user", "content": text}]
 
-    n, count = fewest_reaching(server, tokens, lambda n: messages(FILLER * n))
-    if count == tokens:
-        return messages(FILLER * n)
-    filler = FILLER * (n - 1)  # the most whole sentences below the budget
-    words = FILLER.split()
-    for i in range(len(words) * 4):
-        count = count_tokens(server, messages(filler))
-        if count == tokens:
-            return messages(filler)
-        if count > tokens:
-            break
-        filler += words[i % len(words)] + " "
-    raise CheckFailed(f"no prompt of exactly {tokens} tokens could be built (reached {count})")
+    return exact_messages(server, tokens, messages)
 
 
-def check_long_context(server: Server, tokens: int, depth: float) -> Check:
+def check_long_context(label: Label, server: Server, tokens: int, depth: float) -> Check:
     def body() -> str:
         messages = needle_prompt(server, tokens, depth)
-        data = _json(_post_json(server, {"messages": messages,
+        data = decode_json(post_json(server, {"messages": messages,
                                          "max_tokens": server.answer_budget(32)},
                                 thinking_off=True))  # fmt: skip
         prompt_tokens = (data.get("usage") or {}).get("prompt_tokens")
         if prompt_tokens != tokens:
             raise CheckFailed(f"server counted {prompt_tokens} prompt tokens, not {tokens}")
-        content = str(_message(data).get("content") or "").strip()
+        content = str(message_of(data).get("content") or "").strip()
         if NEEDLE not in content:
             raise CheckFailed(f"answer {content[:60]!r}, the needle was {NEEDLE}")
         return f"{NEEDLE} back from {tokens:,} tokens"
 
-    return _guard(f"api: needle in {tokens:,} tokens", f"{NEEDLE} at depth {depth:g}", body)
+    return guard(label, f"{NEEDLE} at depth {depth:g}", body)

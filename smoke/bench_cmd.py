@@ -2,58 +2,58 @@
 
 Cells, in order: decode at each concurrency (default 1 and 16) for `--duration` seconds after
 `--warmup`, `--repeats` times; prefill of exactly `--prefill-tokens` prompt tokens,
-`--prefill-repeats` times; one parity request. The receipt is rewritten after every cell;
-`--resume` skips the cells it already holds.
+`--prefill-repeats` times; one parity request; the prefix-reuse cell. The receipt is rewritten
+after every cell; `--resume` skips the cells it already holds (`smoke.bench.session`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import datetime as dt
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from launch.cli_args import add_set_argument
-from launch.compose_env import default_url, user_settings
-from launch.errors import ProfileError
+from launch.cli_args import add_api_key_argument, add_set_argument, positive_float, positive_int
+from launch.errors import UsageError
 from launch.image_lock import PIN_KEYS, read_lock, resolve_image
-from launch.plan import build_plan
+from launch.plan import Plan, plan_for
+from launch.settings import Settings, read_settings
 from smoke.bench import receipt as receipts
-from smoke.bench.cells import (
-    BenchError,
-    Settings,
-    decode_cell,
-    parity_cell,
-    prefill_cell,
-    prefix_reuse_cell,
-)
+from smoke.bench.cells import BenchError, RequestSettings
 from smoke.bench.client import Target
+from smoke.bench.session import (
+    CELL_KINDS,
+    MAX_CONCURRENCY,
+    BenchOptions,
+    reuse_sizes,
+    run_cells,
+)
+from smoke.client import Server
 from smoke.containers import connect, find_service_containers, logs_since_start
 from smoke.logparse import parse_lines
 
 NAME = "bench"
 CONTAINER_LOG = "container"
+UNTIMED_TIMEOUT_S = 60.0
+"""Timeout of the bench's untimed requests (/tokenize, /metrics)."""
 
 
-def _positive(kind: type) -> Any:
-    def parse(text: str) -> Any:
-        value = kind(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{text!r} must be positive")
-        return value
-
-    return parse
+def concurrency(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_CONCURRENCY:
+        raise argparse.ArgumentTypeError(f"{text} is above {MAX_CONCURRENCY} simultaneous streams")
+    return value
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser(NAME, help="qualification bench: decode, prefill, parity")
-    p.add_argument("--profile", default=os.environ.get("PROFILE"))
+    p.add_argument("--profile", help="the started server's profile (default $PROFILE)")
     add_set_argument(p)
-    p.add_argument("--url", help="server base URL (default http://127.0.0.1:<profile port>)")
-    p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"))
+    p.add_argument("--url", help="server base URL (default http://127.0.0.1:<HOST_PORT>)")
+    add_api_key_argument(p)
     p.add_argument(
         "--log",
         nargs="?",
@@ -63,42 +63,40 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     p.add_argument("--out", type=Path, help="receipt path (default results/<profile>-<time>.json)")
     p.add_argument("--resume", action="store_true", help="keep the cells --out already holds")
-    p.add_argument("--concurrency", type=_positive(int), nargs="+", default=[1, 16])
-    p.add_argument("--duration", type=_positive(float), default=30.0)
-    p.add_argument("--warmup", type=_positive(float), default=5.0)
-    p.add_argument("--repeats", type=_positive(int), default=3)
-    p.add_argument(
-        "--max-tokens",
-        type=_positive(int),
-        default=4096,
-        help="max_tokens of each decode request (they restart when done)",
-    )
-    p.add_argument("--prefill-tokens", type=_positive(int), default=32768)
-    p.add_argument("--prefill-repeats", type=_positive(int), default=3)
-    p.add_argument("--parity-prompt-tokens", type=_positive(int), default=25210)
-    p.add_argument("--parity-max-tokens", type=_positive(int), default=3072)
+    defaults = BenchOptions()
+    p.add_argument("--concurrency", type=concurrency, nargs="+", default=list(defaults.concurrency))
+    p.add_argument("--duration", type=positive_float, default=defaults.duration)
+    p.add_argument("--warmup", type=positive_float, default=defaults.warmup)
+    p.add_argument("--repeats", type=positive_int, default=defaults.repeats)
+    p.add_argument("--max-tokens", type=positive_int, default=defaults.max_tokens,
+                   help="max_tokens of each decode request (they restart when done)")
+    p.add_argument("--prefill-tokens", type=positive_int, default=defaults.prefill_tokens)
+    p.add_argument("--prefill-repeats", type=positive_int, default=defaults.prefill_repeats)
+    p.add_argument("--parity-prompt-tokens", type=positive_int,
+                   default=defaults.parity_prompt_tokens)
+    p.add_argument("--parity-max-tokens", type=positive_int, default=defaults.parity_max_tokens)
     p.add_argument(
         "--reuse-tokens",
-        type=_positive(int),
+        type=positive_int,
         help="prefix-reuse cell: length of the prompt sent again (default the smaller of 32768 "
         "and half the profile's max_model_len)",
     )
     p.add_argument(
         "--reuse-evict-tokens",
-        type=_positive(int),
+        type=positive_int,
         help="prefix-reuse cell: tokens of other prompts sent in between (default the log's KV "
         "cache tokens + 10%%, so the first prompt leaves the GPU cache)",
     )
-    p.add_argument("--skip", choices=["decode", "prefill", "parity", "reuse"], action="append",
-                   default=[])  # fmt: skip
-    p.add_argument("--request-timeout", type=_positive(float), default=600.0)
-    return p
+    p.add_argument("--skip", choices=CELL_KINDS, action="append", default=[])
+    p.add_argument("--request-timeout", type=positive_float, default=defaults.request_timeout)
+    return p  # fmt: skip
 
 
-def _image(source: str) -> dict[str, Any]:
+def image_record(source: str, settings: Settings) -> dict[str, Any]:
+    """Which image served the run (the same IMAGE and lock `configure` used)."""
     try:
-        ref = resolve_image(source, os.environ)
-    except ProfileError:
+        ref = resolve_image(source, settings.merged)
+    except UsageError:
         ref = None
     lock = read_lock()
     return {
@@ -108,16 +106,16 @@ def _image(source: str) -> dict[str, Any]:
     }
 
 
-def _log_facts(log: str | None, profile: str) -> dict[str, Any] | None:
+def log_record(log: str | None, profile: str) -> dict[str, Any] | None:
+    """The receipt's facts from the server log (a file, or the service's containers)."""
     if log is None:
         return None
     if log == CONTAINER_LOG:
-        client = connect()
-        facts = parse_lines(logs_since_start(find_service_containers(client, profile)))
+        facts = parse_lines(logs_since_start(find_service_containers(connect(), profile)))
     else:
         path = Path(log)
         if not path.is_file():
-            raise ProfileError("--log", log, "is not a readable file", "pass the server log")
+            raise UsageError("--log", log, "is not a readable file", "pass the server log")
         with path.open(encoding="utf-8", errors="replace", newline="") as fh:
             facts = parse_lines(fh)
     keys = ("engine_version", "gpu_names", "kv_cache_tokens", "max_concurrency",
@@ -127,120 +125,60 @@ def _log_facts(log: str | None, profile: str) -> dict[str, Any] | None:
     return {key: plain[key] for key in keys}
 
 
-async def run_cells(args: argparse.Namespace, target: Target, settings: Settings,
-                    receipt: dict[str, Any], out: Path,
-                    reuse: tuple[int, int] | None) -> None:  # fmt: skip
-    cells = receipt["cells"]
-
-    async def cell(name: str, kind: str, runs: int, make) -> None:  # type: ignore[no-untyped-def]
-        if name in cells and len(cells[name]["samples"]) >= runs:
-            print(f"{name}: kept from {out}", flush=True)
-            return
-        samples = []
-        for i in range(runs):
-            sample = await make(i)
-            samples.append(sample)
-            print(f"{name} run {i + 1}/{runs}: {_brief(sample)}", flush=True)
-        cells[name] = {"kind": kind, "samples": samples,
-                       "summary": receipts.summarize(kind, samples)}  # fmt: skip
-        receipts.save(out, receipt)
-
-    for c in [] if "decode" in args.skip else args.concurrency:
-        await cell(
-            f"decode-c{c}",
-            "decode",
-            args.repeats,
-            lambda _i, c=c: decode_cell(target, settings, c, args.duration, args.warmup),
-        )
-    if "prefill" not in args.skip:
-        await cell(
-            f"prefill-{args.prefill_tokens}",
-            "prefill",
-            args.prefill_repeats,
-            lambda i: prefill_cell(target, settings, args.prefill_tokens, i),
-        )
-    if "parity" not in args.skip:
-        await cell("parity", "parity", 1,
-                   lambda _i: parity_cell(target, settings, args.parity_prompt_tokens,
-                                          args.parity_max_tokens))  # fmt: skip
-    if reuse is None and "reuse" in (receipt.get("skipped") or {}):
-        print(f"reuse: skipped, {receipt['skipped']['reuse']}", flush=True)
-    if reuse is not None:
-        length, evict = reuse
-        await cell(f"reuse-{length}", "prefix_reuse", 1,
-                   lambda _i: prefix_reuse_cell(target, settings, length, evict,
-                                                length))  # fmt: skip
-
-
-def reuse_sizes(args: argparse.Namespace, max_model_len: int | None,
-                log: dict[str, Any] | None) -> tuple[int, int] | None:  # fmt: skip
-    """(prompt length, evicting tokens) of the prefix-reuse cell: to leave the GPU cache the
-    first prompt must be followed by more tokens than the cache holds, which the log says;
-    None (the cell is skipped, and the receipt says why) when nothing says how many."""
-    length = args.reuse_tokens or min(32768, max_model_len // 2 if max_model_len else 32768)
-    if args.reuse_evict_tokens:
-        return length, args.reuse_evict_tokens
-    held = (log or {}).get("kv_cache_tokens")
-    return (length, int(held * 1.1)) if held else None
-
-
-def _brief(sample: dict[str, Any]) -> str:
-    if sample["kind"] == "decode":
-        steps = sample["target_steps_s"]
-        return (f"{sample['output_tok_s']:.1f} tok/s"
-                + (f", {steps:.2f} target steps/s" if steps else "")
-                + f", {sample['requests_failed']} failed")  # fmt: skip
-    if sample["kind"] == "prefill":
-        return f"{sample['prompt_tok_s']:.0f} prompt tok/s" if sample["ok"] else sample["error"]
-    if sample["kind"] == "prefix_reuse":
-        return (f"TTFT {sample['ttft_first_s']:.3f} s, again after "
-                f"{sample['evicting_tokens']:,} other tokens {sample['ttft_repeat_s']:.3f} s; "
-                f"host tier served {sample['host_tier_hit_tokens']} tokens")  # fmt: skip
-    return sample.get("sha256") or sample.get("error", "")
+def resumed(out: Path, plan: Plan) -> dict[str, Any]:
+    if not out.is_file():
+        raise UsageError("--resume", str(out), "has no receipt to resume", "drop --resume")
+    try:
+        receipt = receipts.load(out)
+    except ValueError as err:
+        raise UsageError("--resume", str(out), f"cannot be resumed: {err}",
+                         "start a new receipt (drop --resume)") from err  # fmt: skip
+    if receipt["profile"] != plan.profile.name:
+        raise UsageError("--resume", str(out), f"is a receipt of {receipt['profile']}",
+                         f"use a receipt of {plan.profile.name}")  # fmt: skip
+    return receipt
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.profile:
-        raise ProfileError("--profile", None, "no profile given", "pass --profile or set PROFILE")
-    plan = build_plan(args.profile, args.sets, os.environ, None, user_settings())
-    url = args.url or default_url(plan.profile)
+    settings = read_settings(args.sets)
+    if not (args.profile or settings.get("PROFILE")):
+        raise UsageError("--profile", None, "no profile given", "pass --profile or set PROFILE")
+    plan = plan_for(settings, args.profile)
+    url = args.url or settings.url(plan.profile.deployment.port)
+    api_key = args.api_key or settings.client_api_key()
     try:
-        target = Target.from_url(url, args.api_key)
+        target = Target.from_url(url, api_key)
     except ValueError as err:
-        raise ProfileError("--url", url, str(err), "e.g. --url http://127.0.0.1:8000") from err
+        raise UsageError("--url", url, str(err), "e.g. --url http://127.0.0.1:8000") from err
+    options = BenchOptions(
+        concurrency=tuple(args.concurrency), duration=args.duration, warmup=args.warmup,
+        repeats=args.repeats, max_tokens=args.max_tokens, prefill_tokens=args.prefill_tokens,
+        prefill_repeats=args.prefill_repeats, parity_prompt_tokens=args.parity_prompt_tokens,
+        parity_max_tokens=args.parity_max_tokens, reuse_tokens=args.reuse_tokens,
+        reuse_evict_tokens=args.reuse_evict_tokens, skip=tuple(args.skip),
+        request_timeout=args.request_timeout,
+    )  # fmt: skip
     now = dt.datetime.now(dt.UTC)
     out = args.out or Path("results") / f"{plan.profile.name}-{now:%Y%m%dT%H%M%SZ}.json"
     if args.resume:
-        if not out.is_file():
-            raise ProfileError("--resume", str(out), "has no receipt to resume", "drop --resume")
-        try:
-            receipt = receipts.load(out)
-        except ValueError as err:
-            raise ProfileError("--resume", str(out), f"cannot be resumed: {err}",
-                               "start a new receipt (drop --resume)") from err  # fmt: skip
-        if receipt["profile"] != plan.profile.name:
-            raise ProfileError(
-                "--resume",
-                str(out),
-                f"is a receipt of {receipt['profile']}",
-                f"use a receipt of {plan.profile.name}",
-            )
+        receipt = resumed(out, plan)
     else:
         out.parent.mkdir(parents=True, exist_ok=True)
         receipt = receipts.new(
             plan.profile.name, now.isoformat(timespec="seconds"), plan.to_json(),
-            _image(plan.profile.deployment.image), _log_facts(args.log, plan.profile.name),
-            {k: (str(v) if isinstance(v, Path) else v)
-             for k, v in vars(args).items() if k not in {"api_key", "func"}},
+            image_record(plan.profile.deployment.image, settings),
+            log_record(args.log, plan.profile.name), dataclasses.asdict(options),
         )  # fmt: skip
-    settings = Settings(plan.profile.engine.model_id, args.max_tokens, args.request_timeout)
-    max_len = plan.profile.engine.max_model_len
-    reuse = None if "reuse" in args.skip else reuse_sizes(args, max_len, receipt.get("log"))
-    if reuse is None and "reuse" not in args.skip:
-        receipt["skipped"] = {"reuse": "the GPU cache size is unknown: no --log and no "
-                              "--reuse-evict-tokens"}  # fmt: skip
+    server = Server(url, plan.profile.engine.model_id, api_key, UNTIMED_TIMEOUT_S)
+    requests_ = RequestSettings(server, options.max_tokens, options.request_timeout)
+    reuse = None
+    if "reuse" not in options.skip:
+        reuse = reuse_sizes(options, plan.profile.engine.max_model_len, receipt.get("log"))
+        if reuse is None:
+            receipt["skipped"] = {"reuse": "the GPU cache size is unknown: no --log and no "
+                                  "--reuse-evict-tokens"}  # fmt: skip
     try:
-        asyncio.run(run_cells(args, target, settings, receipt, out, reuse))
+        asyncio.run(run_cells(options, target, requests_, receipt, out, reuse))
     except BenchError as err:
         receipts.save(out, receipt)
         print(f"error: {err}", file=sys.stderr)

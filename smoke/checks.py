@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from launch.profile import Profile
 from smoke import agent_api, api, counter_checks, tool_edges
-from smoke.verdict import Check, skipped
+from smoke.check import Check, Label, skipped
+from smoke.client import Server
 
 
 @dataclass(frozen=True)
@@ -17,7 +18,7 @@ class Context:
     """What a check may use besides the server: the profile it was started with and the
     engine's own figures read from its log."""
 
-    server: api.Server
+    server: Server
     profile: Profile
     concurrency: int = agent_api.DEFAULT_CONCURRENCY
     context_tokens: int | None = None
@@ -94,55 +95,62 @@ def speculative(ctx: Context) -> str | None:
 
 @dataclass(frozen=True)
 class RequestCheck:
+    """One request check: its key and title (the only place either is written), how it runs
+    (handed its label), and when it applies."""
+
     key: str
     name: Callable[[Context], str] | str
-    run: Callable[[Context], Check]
+    run: Callable[[Label, Context], Check]
     applies: Applies = always
 
-    def title(self, ctx: Context) -> str:
-        return self.name if isinstance(self.name, str) else self.name(ctx)
+    def label(self, ctx: Context) -> Label:
+        return Label(self.key, self.name if isinstance(self.name, str) else self.name(ctx))
+
+
+def on_server(check: Callable[[Label, Server], Check]) -> Callable[[Label, Context], Check]:
+    """A check that needs only the server."""
+    return lambda label, ctx: check(label, ctx.server)
 
 
 REQUEST_CHECKS: tuple[RequestCheck, ...] = (
-    RequestCheck("model", "api: served model id", lambda c: api.check_model_id(c.server)),
-    RequestCheck("ready", "api: chat answers READY", lambda c: api.check_ready_answer(c.server)),
-    RequestCheck("stream", "api: streaming SSE", lambda c: api.check_stream(c.server)),
-    RequestCheck("length", "api: max_tokens honoured",
-                 lambda c: api.check_length_limit(c.server)),
-    RequestCheck("usage", "api: usage counts consistent", lambda c: api.check_usage(c.server)),
-    RequestCheck("reasoning", "api: reasoning separated",
-                 lambda c: agent_api.check_reasoning(c.server), reasoning),
-    RequestCheck("tool", "api: tool call", lambda c: agent_api.check_tool_call(c.server), tools),
+    RequestCheck("model", "api: served model id", on_server(api.check_model_id)),
+    RequestCheck("ready", "api: chat answers READY", on_server(api.check_ready_answer)),
+    RequestCheck("stream", "api: streaming SSE", on_server(api.check_stream)),
+    RequestCheck("length", "api: max_tokens honoured", on_server(api.check_length_limit)),
+    RequestCheck("usage", "api: usage counts consistent", on_server(api.check_usage)),
+    RequestCheck("reasoning", "api: reasoning separated", on_server(agent_api.check_reasoning),
+                 reasoning),
+    RequestCheck("tool", "api: tool call", on_server(agent_api.check_tool_call), tools),
     RequestCheck("tool-stream", "api: streamed tool call",
-                 lambda c: agent_api.check_tool_call_stream(c.server), tools),
+                 on_server(agent_api.check_tool_call_stream), tools),
     RequestCheck("tool-noargs", "api: tool call without arguments",
-                 lambda c: tool_edges.check_noarg_call(c.server), tools),
+                 on_server(tool_edges.check_noarg_call), tools),
     RequestCheck("tool-noargs-stream", "api: streamed tool call without arguments",
-                 lambda c: tool_edges.check_noarg_call_stream(c.server), tools),
+                 on_server(tool_edges.check_noarg_call_stream), tools),
     RequestCheck("no-tools-stream", "api: streamed answer without tools",
-                 lambda c: tool_edges.check_stream_without_tools(c.server), tools),
+                 on_server(tool_edges.check_stream_without_tools), tools),
     RequestCheck("reasoning-tool", "api: reasoning then tool call",
-                 lambda c: tool_edges.check_reasoning_then_call(
-                     c.server, agent_api.TOOL_PROMPT, agent_api.WEATHER_TOOL),
+                 lambda label, c: tool_edges.check_reasoning_then_call(
+                     label, c.server, agent_api.TOOL_PROMPT, agent_api.WEATHER_TOOL),
                  reasoning_and_tools),
     RequestCheck("structured", "api: structured output",
-                 lambda c: agent_api.check_structured_output(c.server)),
+                 on_server(agent_api.check_structured_output)),
     RequestCheck("concurrent", lambda c: f"api: {c.concurrency} concurrent answers",
-                 lambda c: agent_api.check_concurrency(c.server, c.concurrency)),
-    RequestCheck("vision", "api: vision", lambda c: agent_api.check_vision(c.server), vision),
+                 lambda label, c: agent_api.check_concurrency(label, c.server, c.concurrency)),
+    RequestCheck("vision", "api: vision", on_server(agent_api.check_vision), vision),
     RequestCheck("needle",
                  lambda c: (f"api: needle in {c.needle_tokens:,} tokens" if c.needle_tokens
                             else "api: needle in a long prompt"),
-                 lambda c: agent_api.check_long_context(
-                     c.server, c.needle_tokens or 0, c.profile.smoke.needle_depth),
+                 lambda label, c: agent_api.check_long_context(
+                     label, c.server, c.needle_tokens or 0, c.profile.smoke.needle_depth),
                  needle),
     RequestCheck("prefix", "api: prefix cache reuse",
-                 lambda c: counter_checks.check_prefix_reuse(
-                     c.server, c.reuse_block or 0, c.reuse_tokens or 0),
+                 lambda label, c: counter_checks.check_prefix_reuse(
+                     label, c.server, c.reuse_block or 0, c.reuse_tokens or 0),
                  prefix_caching),
     RequestCheck("spec", "api: speculative acceptance",
-                 lambda c: counter_checks.check_spec_acceptance(
-                     c.server, c.profile.expect.spec_acceptance_length_min),
+                 lambda label, c: counter_checks.check_spec_acceptance(
+                     label, c.server, c.profile.expect.spec_acceptance_length_min),
                  speculative),
 )  # fmt: skip
 CHECK_KEYS = tuple(check.key for check in REQUEST_CHECKS)
@@ -155,5 +163,6 @@ def run_request_checks(ctx: Context, only: tuple[str, ...] = (),
     for check in REQUEST_CHECKS:
         reason = ("not in --only" if only and check.key not in only
                   else "--skip" if check.key in skip else check.applies(ctx))  # fmt: skip
-        out.append(skipped(check.title(ctx), reason) if reason else check.run(ctx))
+        label = check.label(ctx)
+        out.append(skipped(label, reason) if reason else check.run(label, ctx))
     return out

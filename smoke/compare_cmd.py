@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from launch.errors import ProfileError
+from launch.errors import UsageError
 from launch.kv_offload import OFFLOAD_FLAGS, tier_in_argv
 from smoke.bench import receipt as receipts
 
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             loaded.append(receipts.load(path))
         except (OSError, ValueError) as err:
-            raise ProfileError(
+            raise UsageError(
                 field,
                 str(path),
                 f"is not a readable bench receipt ({err})",

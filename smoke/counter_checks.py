@@ -16,18 +16,7 @@ import secrets
 import time
 from typing import Any
 
-import requests
-
-from smoke.agent_api import FILLER, fewest_reaching
-from smoke.api import (
-    LENGTH_PROMPT,
-    CheckFailed,
-    Server,
-    _guard,
-    _json,
-    _post_json,
-    _sse_chunks,
-)
+from smoke.api import LENGTH_PROMPT
 from smoke.bench.metrics import (
     PREFIX_HITS,
     SpecCounters,
@@ -35,7 +24,17 @@ from smoke.bench.metrics import (
     parse_counter,
     parse_spec_counters,
 )
-from smoke.verdict import Check
+from smoke.check import Check, Label, guard
+from smoke.client import (
+    FILLER,
+    CheckFailed,
+    Server,
+    decode_json,
+    fewest_reaching,
+    metrics_text,
+    post_json,
+    sse_chunks,
+)
 
 PREFIX_BLOCKS = 4
 """The reuse prompt spans at least this many hash blocks..."""
@@ -46,14 +45,6 @@ PROMPT_SLACK = 64
 COUNTER_SETTLE_S = 5.0
 """vLLM publishes a step's stats after the response; how long to wait for them to show."""
 SPEC_MAX_TOKENS = 256
-
-
-def metrics_text(server: Server) -> str:
-    response = requests.get(server.url("/metrics"), headers=server.headers(),
-                            timeout=(5, server.timeout))  # fmt: skip
-    if response.status_code != 200:
-        raise CheckFailed(f"/metrics answered HTTP {response.status_code}")
-    return response.text
 
 
 def reuse_prompt(server: Server, tokens: int) -> tuple[list[dict[str, Any]], int]:
@@ -71,10 +62,10 @@ def reuse_prompt(server: Server, tokens: int) -> tuple[list[dict[str, Any]], int
 def timed_request(server: Server, messages: list[dict[str, Any]]) -> float:
     """Seconds to the first streamed chunk of a short direct answer."""
     sent = time.monotonic()
-    response = _post_json(server, {"messages": messages, "max_tokens": 4, "stream": True},
+    response = post_json(server, {"messages": messages, "max_tokens": 4, "stream": True},
                           thinking_off=True)  # fmt: skip
     first = None
-    for chunk in _sse_chunks(server, response):
+    for chunk in sse_chunks(server, response):
         if first is None and chunk.get("choices"):
             first = time.monotonic()
     if first is None:
@@ -95,10 +86,8 @@ def counter_after(server: Server, name: str, before: float, at_least: float) -> 
         time.sleep(0.25)
 
 
-def check_prefix_reuse(server: Server, hash_block: int, tokens: int) -> Check:
+def check_prefix_reuse(label: Label, server: Server, hash_block: int, tokens: int) -> Check:
     """A prompt of at least `tokens` tokens, twice; hits counted in `hash_block` units."""
-    name = "api: prefix cache reuse"
-
     def body() -> str:
         messages, prompt = reuse_prompt(server, tokens)
         full = (prompt - 1) // hash_block * hash_block
@@ -117,7 +106,7 @@ def check_prefix_reuse(server: Server, hash_block: int, tokens: int) -> Check:
         return shown
 
     expected = f">= the prompt's full {hash_block}-token blocks from vllm:prefix_cache_hits"
-    return _guard(name, expected, body)
+    return guard(label, expected, body)
 
 
 def spec_counters(server: Server) -> SpecCounters:
@@ -128,10 +117,10 @@ def spec_counters(server: Server) -> SpecCounters:
     return counters
 
 
-def check_spec_acceptance(server: Server, floor: float | None) -> Check:
+def check_spec_acceptance(label: Label, server: Server, floor: float | None) -> Check:
     def body() -> str:
         before = spec_counters(server)
-        _json(_post_json(server, {"messages": [{"role": "user", "content": LENGTH_PROMPT}],
+        decode_json(post_json(server, {"messages": [{"role": "user", "content": LENGTH_PROMPT}],
                                   "max_tokens": server.answer_budget(SPEC_MAX_TOKENS)},
                          thinking_off=True))  # fmt: skip
         deadline = time.monotonic() + COUNTER_SETTLE_S
@@ -147,4 +136,4 @@ def check_spec_acceptance(server: Server, floor: float | None) -> Check:
 
     expected = (f"mean acceptance length >= {floor}" if floor is not None
                 else "draft rounds counted (no floor in expect)")  # fmt: skip
-    return _guard("api: speculative acceptance", expected, body)
+    return guard(label, expected, body)

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 from launch.cli_args import add_set_argument
-from launch.compose_env import user_settings
-from launch.errors import ProfileError
-from launch.plan import build_plan
+from launch.errors import UsageError
+from launch.plan import plan_for
+from launch.settings import read_settings
+from smoke.log_checks import log_checks
 from smoke.log_facts import LogFacts
 from smoke.logparse import parse_lines
-from smoke.verdict import exit_status, format_table, geometry_checks, to_json
+from smoke.verdict import exit_status, format_table, to_json
 
 NAME = "geometry"
 
@@ -35,14 +35,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         path = Path(args.log)
         if not path.is_file():
-            raise ProfileError("--log", args.log, "is not a readable file", "pass a log file path")
+            raise UsageError("--log", args.log, "is not a readable file", "pass a log file path")
         with path.open(encoding="utf-8", errors="replace", newline="") as fh:
             facts = parse_lines(fh, args.service)
     if not args.profile:
         print(json.dumps(facts.to_json(), indent=2) if args.json else _summary(facts))
         return 0
-    plan = build_plan(args.profile, args.sets, os.environ, None, user_settings())
-    checks = geometry_checks(plan.profile, facts)
+    plan = plan_for(read_settings(args.sets), args.profile)
+    checks = log_checks(plan.profile, facts)
     print(to_json(checks, facts=facts.to_json()) if args.json else format_table(checks))
     return exit_status(checks)
 

@@ -10,81 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-
-def _lists(value: Any) -> Any:
-    """asdict's output with tuples as lists: JSON's arrays (what json and jsonschema expect)."""
-    if isinstance(value, dict):
-        return {k: _lists(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_lists(v) for v in value]
-    return value
-
-
-RoleValue = int | list[int] | None
-"""A per-role value of the geometry: one number when every group of the role agrees, else the
-sorted distinct numbers; None when vLLM could not give it."""
-
-
-@dataclass(frozen=True)
-class GeometryGroup:
-    """One KV cache group of the kit's geometry line (kvgeometry.report)."""
-
-    group: int
-    role: str
-    kind: str
-    block_size: int | None
-    cp_size: int | None
-    layers: int
-    page_bytes: int | None
-
-
-@dataclass(frozen=True)
-class KVGeometry:
-    """The geometry plugin's `KV cache geometry:` line, and what the checks read from it."""
-
-    layout: str
-    stride_bytes: int | None
-    num_blocks: int | None
-    tokens: int | None
-    scheduler_block: int | None
-    hash_block: int | None
-    groups: tuple[GeometryGroup, ...]
-
-    def _by_role(self, key: str) -> dict[str, RoleValue]:
-        out: dict[str, RoleValue] = {}
-        for role in sorted({g.role for g in self.groups}):
-            values = sorted({getattr(g, key) for g in self.groups if g.role == role},
-                            key=lambda v: (v is None, v or 0))  # fmt: skip
-            out[role] = values[0] if len(values) == 1 else values
-        return out
-
-    @property
-    def block_sizes(self) -> dict[str, RoleValue]:
-        return self._by_role("block_size")
-
-    @property
-    def page_bytes(self) -> dict[str, RoleValue]:
-        return self._by_role("page_bytes")
-
-    @property
-    def layers(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for g in self.groups:
-            out[g.role] = out.get(g.role, 0) + g.layers
-        return out
-
-    @property
-    def cp_sizes(self) -> tuple[int | None, ...]:
-        """CP sizes of the attention groups in order, one per group (recurrent state is never
-        CP-sharded): the "effective cache-group CP sizes" seed 000 read from its logs."""
-        return tuple(
-            {g.group: g.cp_size for g in self.groups if g.role != "recurrent"}.values()
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {**_lists(asdict(self)), "block_sizes": self.block_sizes,
-                "page_bytes": self.page_bytes, "layers": self.layers,
-                "cp_sizes": list(self.cp_sizes)}  # fmt: skip
+from kvgeometry.line import KVGeometry, plain_json
 
 
 @dataclass(frozen=True)
@@ -190,6 +116,9 @@ class StartFields:
     kv_geometry: KVGeometry | None = None
     geometry_missing: str | None = None
     """Why the geometry plugin could not report (its WARNING), when it said so."""
+    engine_died: bool = False
+    """The running engine's process died (vLLM's liveness monitor said so): a crash after the
+    start, which Docker's restart policy answers with a new start, not a failed start."""
     kv_layout: str | None = None
     kv_cache_format: KVCacheFormat | None = None
     draft_groups: DraftGroups | None = None
@@ -222,7 +151,7 @@ class LogFacts(StartFields):
     """The service asked for (`--service`) when the log has none of that name."""
 
     def to_json(self) -> dict[str, Any]:
-        out = _lists(asdict(self))
+        out = plain_json(asdict(self))
         if self.kv_geometry is not None:
             out["kv_geometry"] = self.kv_geometry.to_json()
         if self.services is not None:

@@ -16,21 +16,19 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from kvgeometry.report import PREFIX, UNKNOWN
+from kvgeometry.line import parse_line, parse_missing
 from smoke.log_facts import (
     BlockSizeChange,
     DraftGroups,
     EngineConfig,
     FailedStart,
-    GeometryGroup,
     GraphCapture,
     GraphSizes,
     KVCacheFormat,
-    KVGeometry,
     LogFacts,
     OffloadFacts,
     SpecDecode,
@@ -91,21 +89,18 @@ BLOCK_SIZE = (
 SPEC = re.compile(r"SpecDecoding metrics: Mean acceptance length: (?P<mal>[\d.]+)")
 SPEC_COUNTS = re.compile(r"Accepted: (?P<acc>\d+) tokens, Drafted: (?P<draft>\d+) tokens")
 FAILED = re.compile(r"EngineCore failed to start|Engine core initialization failed")
+# A running engine's death as vLLM's API server and executor log it (v1/engine/core_client.py
+# and v1/executor/multiproc_executor.py, the same in 0.32.0 and 0.33.0): the root cause of the
+# EngineDeadError lines that follow, which point "above" for it.
+ENGINE_DIED = re.compile(
+    r"engine core exited unexpectedly|Worker proc \S+ died unexpectedly|"
+    r"Engine core process \S+ died unexpectedly"
+)
+CONSEQUENCE = re.compile(r"\bEngineDeadError\b|See stack trace \(above\) for the root cause")
+"""Errors that only say an earlier one happened: a root cause only when nothing else is logged."""
 EXCEPTION = re.compile(
     r"^(?P<s>(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Interrupt)(?:: .*)?)$"
 )
-# The kit's geometry plugin (kvgeometry): any value this vLLM could not give is `unknown`.
-_N = rf"(?:\d+|{UNKNOWN})"
-GEOMETRY = re.compile(
-    rf"{re.escape(PREFIX)} layout=(?P<layout>\w+) stride_bytes=(?P<stride>{_N}) "
-    rf"num_blocks=(?P<blocks>{_N}) tokens=(?P<tokens>{_N}) "
-    rf"scheduler_block=(?P<scheduler>{_N}) hash_block=(?P<hash>{_N})(?P<groups>(?: group=\S+)*)"
-)
-GEOMETRY_GROUP = re.compile(
-    rf"group=(?P<index>\d+)/(?P<role>\w+)/(?P<kind>\w+)/block=(?P<block>{_N})/cp=(?P<cp>{_N})"
-    rf"/layers=(?P<layers>\d+)/page_bytes=(?P<page>{_N})"
-)
-GEOMETRY_MISSING = re.compile(rf"{re.escape(PREFIX)} not reported: (?P<why>.+)$")
 # The qualified runtime's own lines about the plan, read beside the plugin's line (each is
 # quoted in tests/fixtures/glm53-tp3-dflash2-r27-excerpt.log): the layout vLLM
 # resolved (v1/attention/backends/utils.py in vLLM 0.33.0 too), the sparse-MLA cache format of
@@ -133,36 +128,6 @@ KV_CONNECTOR = re.compile(r"^Creating v1 connector with name: (?P<name>\S+) and 
 OFFLOAD_SPEC = re.compile(r"^Creating offloading spec with name: (?P<name>\S+)")
 OFFLOAD_REGION = re.compile(r"^Created mmap file (?P<path>\S+) \((?P<gb>[\d.]+) GB\)")
 EXITED = re.compile(r"^(?P<service>[\w.\-]+) exited with code (?P<code>\d+)")
-
-
-def _num(text: str) -> int | None:
-    """A number of the geometry line; `unknown` (this vLLM could not give it) is None."""
-    return None if text == UNKNOWN else int(text)
-
-
-def parse_geometry(match: re.Match[str]) -> KVGeometry:
-    """The geometry plugin's `KV cache geometry:` line (kvgeometry.report) as facts."""
-    groups = tuple(
-        GeometryGroup(
-            group=int(g.group("index")),
-            role=g.group("role"),
-            kind=g.group("kind"),
-            block_size=_num(g.group("block")),
-            cp_size=_num(g.group("cp")),
-            layers=int(g.group("layers")),
-            page_bytes=_num(g.group("page")),
-        )
-        for g in GEOMETRY_GROUP.finditer(match.group("groups"))
-    )
-    return KVGeometry(
-        layout=match.group("layout"),
-        stride_bytes=_num(match.group("stride")),
-        num_blocks=_num(match.group("blocks")),
-        tokens=_num(match.group("tokens")),
-        scheduler_block=_num(match.group("scheduler")),
-        hash_block=_num(match.group("hash")),
-        groups=groups,
-    )
 
 
 def banner_config(text: str) -> EngineConfig:
@@ -198,9 +163,14 @@ class ServiceState:
 
     def new_start(self) -> None:
         if self.starts:
-            self._archive()
-            self.current = StartFacts()
+            self.process_restarted()
         self.starts += 1
+
+    def process_restarted(self) -> None:
+        """The process was started again (Docker's restart policy): what follows is not the
+        old start's, even before the new start's first line (which then counts it)."""
+        self._archive()
+        self.current = StartFacts()
 
     def _failure(self) -> list[FailedStart]:
         """The current start as a failed start, when it failed."""
@@ -224,6 +194,16 @@ class ServiceState:
         )
 
 
+NO_CAUSE = "no root-cause line in the log"
+
+
+def root_cause_of(errors: Sequence[str]) -> str | None:
+    """The root cause among a start's error lines: the last that is not only a consequence of
+    an earlier one (vLLM's EngineDeadError), else the last."""
+    causes = [e for e in errors if not CONSEQUENCE.search(e)]
+    return (causes or list(errors) or [None])[-1]
+
+
 def clean(raw: str) -> tuple[str | None, str]:
     """One physical line -> (compose service or None, text without prefixes or colour)."""
     text = ANSI.sub("", raw).rstrip("\n")
@@ -240,6 +220,130 @@ def split_lines(chunks: Iterable[str]) -> Iterator[str]:
     """Lines split on newline and on carriage return (each tqdm redraw is its own line)."""
     for chunk in chunks:
         yield from (part for part in re.split(r"\r\n|\r|\n", chunk) if part)
+
+
+def _kv_tokens(c: StartFacts, m: re.Match[str]) -> None:
+    c.kv_cache_tokens = _int(m.group("tokens"))
+    c.kv_cache_device = m.group("device")
+
+
+def _concurrency(c: StartFacts, m: re.Match[str]) -> None:
+    c.max_concurrency_tokens = _int(m.group("tokens"))
+    c.max_concurrency = float(m.group("x"))
+
+
+def _available(c: StartFacts, m: re.Match[str]) -> None:
+    if c.available_kv_cache_gib is None:  # the first profile run's figure
+        c.available_kv_cache_gib = float(m.group("gib"))
+
+
+def _graph(c: StartFacts, m: re.Match[str]) -> None:
+    c.graph_captures.append(GraphCapture(int(m.group("secs")), float(m.group("gib"))))
+
+
+def _graph_profile(c: StartFacts, msg: str) -> None:
+    if c.graph_profile is None:
+        c.graph_profile = {
+            g.group("mode"): GraphSizes(int(g.group("count")), int(g.group("largest")))
+            for g in GRAPH_PROFILE.finditer(msg)
+        }
+
+
+def _backend(c: StartFacts, m: re.Match[str]) -> None:
+    if ". " not in m.group("s") and m.group("s") not in c.backends:
+        c.backends.append(m.group("s"))
+
+
+def _first_backend(msg: str) -> re.Match[str] | None:
+    """The first backend wording the message matches (one backend per line)."""
+    return next((m for pattern in BACKEND_PATTERNS if (m := pattern.match(msg))), None)
+
+
+def _block_change(c: StartFacts, m: re.Match[str]) -> None:
+    message, tokens = m.group("s"), int(m.group("n"))
+    for entry in c.block_size_changes:
+        if entry.message == message:
+            entry.count += 1
+            return
+    c.block_size_changes.append(BlockSizeChange(message, tokens))
+
+
+def _spec(c: StartFacts, m: re.Match[str]) -> None:
+    counts = SPEC_COUNTS.search(m.string)
+    c.spec_decode = SpecDecode(
+        mean_acceptance_length=float(m.group("mal")),
+        accepted_tokens=int(counts.group("acc")) if counts else None,
+        drafted_tokens=int(counts.group("draft")) if counts else None,
+    )
+
+
+def _gpu_names(c: StartFacts, msg: str) -> None:
+    for g in GPU_NAME.finditer(msg):
+        name = g.group("name").strip()
+        if name not in c.gpu_names:
+            c.gpu_names.append(name)
+
+
+def _split_pages(c: StartFacts, m: re.Match[str]) -> None:
+    """The block sizes (each rank logs them) and the physical page sizes of split pages."""
+    facts = c.split_pages or SplitPageFacts()
+    if "target" in m.re.groupindex:
+        facts.target_block_size = int(m.group("target"))
+        facts.recurrent_block_size = int(m.group("recurrent"))
+    else:
+        facts.physical_page_bytes = [int(n) for n in re.findall(r"\d+", m.group("pages"))]
+    c.split_pages = facts
+
+
+def _offload(c: StartFacts, m: re.Match[str]) -> None:
+    """Connector, spec and region of the host KV tier (each worker logs the first two; the
+    region is created once)."""
+    facts = c.kv_offload or OffloadFacts()
+    if m.re is KV_CONNECTOR:
+        facts.connector = m.group("name")
+    elif m.re is OFFLOAD_SPEC:
+        facts.spec = m.group("name")
+    else:
+        facts.region, facts.region_gb = m.group("path"), float(m.group("gb"))
+    c.kv_offload = facts
+
+
+def _set(name: str, value: Callable[[re.Match[str]], Any]) -> Callable[[StartFacts, Any], None]:
+    """A handler that sets one start fact from the match."""
+    return lambda c, m: setattr(c, name, value(m))
+
+
+def _starts_with(prefix: str) -> Callable[[str], str | None]:
+    return lambda msg: msg if msg.startswith(prefix) else None
+
+
+Finder = Callable[[str], Any]
+MESSAGE_FACTS: tuple[tuple[Finder, Callable[[StartFacts, Any], None]], ...] = (
+    (KV_TOKENS.search, _kv_tokens),
+    (CONCURRENCY.search, _concurrency),
+    (AVAILABLE.search, _available),
+    (GRAPH.search, _graph),
+    (_starts_with("Profiling CUDA graph memory:"), _graph_profile),
+    (CUDAGRAPH_RESOLVED.search, _set("cudagraph_mode_resolved", lambda m: m.group("to"))),
+    (_first_backend, _backend),
+    *((pattern.match, _block_change) for pattern in BLOCK_SIZE),
+    (SPEC.search, _spec),
+    (lambda msg: msg if GPU_NAME.search(msg) else None, _gpu_names),
+    (parse_line, _set("kv_geometry", lambda geometry: geometry)),
+    (parse_missing, _set("geometry_missing", lambda why: why)),
+    (KV_LAYOUT.match, _set("kv_layout", lambda m: m.group("layout"))),
+    (KV_FORMAT.match,
+     _set("kv_cache_format", lambda m: KVCacheFormat(m.group("format"), m.group("backend")))),
+    (DRAFT_GROUPS.search,
+     _set("draft_groups", lambda m: DraftGroups(int(m.group("layers")), int(m.group("groups"))))),
+    (SPLIT_PAGES.search, _split_pages),
+    (SPLIT_GROUPS.search, _split_pages),
+    (KV_CONNECTOR.match, _offload),
+    (OFFLOAD_SPEC.match, _offload),
+    (OFFLOAD_REGION.match, _offload),
+)  # fmt: skip
+"""What a vLLM message can state: (finder, handler). The finder returns a match (or the message,
+or a parsed value) when the message states the fact, None otherwise; the handler records it."""
 
 
 class LogParser:
@@ -300,101 +404,26 @@ class LogParser:
             state.errors.append(line)
 
     def _vllm_message(self, state: ServiceState, msg: str) -> None:
-        c = state.current
         if m := BANNER.search(msg):
             if state.starts == 0:
                 state.starts = 1
-            c.engine_version = m.group("version")
-            c.engine_config = banner_config(msg[m.end() :])
+            state.current.engine_version = m.group("version")
+            state.current.engine_config = banner_config(msg[m.end() :])
             return
-        if m := KV_TOKENS.search(msg):
-            c.kv_cache_tokens = _int(m.group("tokens"))
-            c.kv_cache_device = m.group("device")
-        if m := CONCURRENCY.search(msg):
-            c.max_concurrency_tokens = _int(m.group("tokens"))
-            c.max_concurrency = float(m.group("x"))
-        if (m := AVAILABLE.search(msg)) and c.available_kv_cache_gib is None:
-            c.available_kv_cache_gib = float(m.group("gib"))
-        if m := GRAPH.search(msg):
-            c.graph_captures.append(GraphCapture(int(m.group("secs")), float(m.group("gib"))))
-        if msg.startswith("Profiling CUDA graph memory:") and c.graph_profile is None:
-            c.graph_profile = {
-                g.group("mode"): GraphSizes(int(g.group("count")), int(g.group("largest")))
-                for g in GRAPH_PROFILE.finditer(msg)
-            }
-        if m := CUDAGRAPH_RESOLVED.search(msg):
-            c.cudagraph_mode_resolved = m.group("to")
-        for pattern in BACKEND_PATTERNS:
-            if (m := pattern.match(msg)) and ". " not in m.group("s"):
-                if m.group("s") not in c.backends:
-                    c.backends.append(m.group("s"))
-                break
-        for pattern in BLOCK_SIZE:
-            if m := pattern.match(msg):
-                self._block_change(c, m.group("s"), int(m.group("n")))
-        if m := SPEC.search(msg):
-            counts = SPEC_COUNTS.search(msg)
-            c.spec_decode = SpecDecode(
-                mean_acceptance_length=float(m.group("mal")),
-                accepted_tokens=int(counts.group("acc")) if counts else None,
-                drafted_tokens=int(counts.group("draft")) if counts else None,
-            )
-        for g in GPU_NAME.finditer(msg):
-            name = g.group("name").strip()
-            if name not in c.gpu_names:
-                c.gpu_names.append(name)
-        if m := GEOMETRY.search(msg):
-            c.kv_geometry = parse_geometry(m)
-        elif m := GEOMETRY_MISSING.search(msg):
-            c.geometry_missing = m.group("why")
-        if m := KV_LAYOUT.match(msg):
-            c.kv_layout = m.group("layout")
-        if m := KV_FORMAT.match(msg):
-            c.kv_cache_format = KVCacheFormat(m.group("format"), m.group("backend"))
-        if m := DRAFT_GROUPS.search(msg):
-            c.draft_groups = DraftGroups(int(m.group("layers")), int(m.group("groups")))
-        self._split_pages(c, msg)
-        self._offload(c, msg)
+        for find, handle in MESSAGE_FACTS:
+            if (found := find(msg)) is not None:
+                handle(state.current, found)
         if FAILED.search(msg):
             self._fail(state)
+        elif ENGINE_DIED.search(msg):
+            state.current.engine_died = True
+            self._error(state, msg)
         elif (exc := EXCEPTION.match(msg)) and not msg.startswith("Traceback"):
             self._error(state, exc.group("s"))
 
-    @staticmethod
-    def _split_pages(c: StartFacts, msg: str) -> None:
-        """The block sizes (each rank logs them) and the physical page sizes of split pages."""
-        facts = c.split_pages or SplitPageFacts()
-        if m := SPLIT_PAGES.search(msg):
-            facts.target_block_size = int(m.group("target"))
-            facts.recurrent_block_size = int(m.group("recurrent"))
-        elif m := SPLIT_GROUPS.search(msg):
-            facts.physical_page_bytes = [int(n) for n in re.findall(r"\d+", m.group("pages"))]
-        else:
-            return
-        c.split_pages = facts
-
-    @staticmethod
-    def _offload(c: StartFacts, msg: str) -> None:
-        """Connector, spec and region of the host KV tier (each worker logs the first two; the
-        region is created once)."""
-        facts = c.kv_offload or OffloadFacts()
-        if m := KV_CONNECTOR.match(msg):
-            facts.connector = m.group("name")
-        elif m := OFFLOAD_SPEC.match(msg):
-            facts.spec = m.group("name")
-        elif m := OFFLOAD_REGION.match(msg):
-            facts.region, facts.region_gb = m.group("path"), float(m.group("gb"))
-        else:
-            return
-        c.kv_offload = facts
-
-    @staticmethod
-    def _block_change(c: StartFacts, message: str, tokens: int) -> None:
-        for entry in c.block_size_changes:
-            if entry.message == message:
-                entry.count += 1
-                return
-        c.block_size_changes.append(BlockSizeChange(message, tokens))
+    def restarted(self, service: str | None = None) -> None:
+        """The source says the server's process was started again (a container restart)."""
+        self._state(service).process_restarted()
 
     def result(self, service: str | None = None) -> LogFacts:
         """Facts of `service`, or of the only server in the log; per-service facts alongside.
@@ -416,8 +445,10 @@ class LogParser:
         return replace(chosen, services=named or None)
 
     def last_line(self, service: str | None = None) -> str | None:
+        """The last line of `service` (of any server when None); reads, never adds a service."""
         if service is not None:
-            return self._state(service).last_line
+            state = self.services.get(service)
+            return state.last_line if state else None
         lines = [s.last_line for s in self.services.values()] + [self._plain.last_line]
         return next((line for line in reversed(lines) if line), None)
 

@@ -15,9 +15,13 @@ from typing import Protocol
 
 import requests
 
-from smoke.api import Server
-from smoke.logparse import LogParser
-from smoke.verdict import Check
+from smoke.check import Check, Label, result, skipped
+from smoke.client import Server
+from smoke.containers import Restarts
+from smoke.logparse import NO_CAUSE, LogParser, root_cause_of
+
+SERVER_UP = Label("server-up", "ready: server up")
+RESTARTS = Label("restarts", "server: no restart during the checks")
 
 
 class LogSource(Protocol):
@@ -34,6 +38,13 @@ class LogSource(Protocol):
     def status(self) -> str:
         """What the source knows of the server's state ("" for a file)."""
 
+    def restarts(self) -> list[Restarts] | None:
+        """Docker's restart count of each container and how its previous start ended (None
+        for a file: it says nothing of the process)."""
+
+    def restarts_automatically(self) -> bool:
+        """A server whose engine died will be started again (Docker's restart policy)."""
+
 
 class LogTail:
     """Reads what a growing log file gained since the last call into one parser."""
@@ -48,6 +59,12 @@ class LogTail:
 
     def status(self) -> str:
         return ""
+
+    def restarts(self) -> list[Restarts] | None:
+        return None
+
+    def restarts_automatically(self) -> bool:
+        return False
 
     def poll(self) -> None:
         if self.path is None or not self.path.is_file():
@@ -92,19 +109,23 @@ def wait_ready(
         elapsed = time.monotonic() - start
         why = _up(server)
         if why is None:
-            return Check("ready: server up", expected, f"ready after {elapsed:.0f} s", True)
+            return result(SERVER_UP, expected, f"ready after {elapsed:.0f} s", True)
         tail.poll()
         gone = tail.failure()
         facts = tail.parser.result(service)
-        if facts.last_start_failed or gone:
-            cause = facts.errors[-1] if facts.errors else "no root-cause line in the log"
+        # an engine that died after its start is started again by Docker's restart policy:
+        # wait for that start (a start that fails, or a container that stops, ends the wait)
+        crashed = facts.engine_died and tail.restarts_automatically()
+        if (facts.last_start_failed and not crashed) or gone:
+            cause = root_cause_of(facts.errors) or NO_CAUSE
             what = gone or "engine failed to start"
-            return Check("ready: server up", expected, f"{what}: {cause}", False)
+            return result(SERVER_UP, expected, f"{what}: {cause}", False)
         if elapsed >= timeout:
-            return Check("ready: server up", expected, f"{why} after {elapsed:.0f} s", False)
+            return result(SERVER_UP, expected, f"{why} after {elapsed:.0f} s", False)
         if elapsed - last_report >= report_every:
             last_line = tail.parser.last_line(service) or "(no log)"
-            state = tail.status()
+            state = tail.status() + (" (the engine died; Docker starts it again)" if crashed
+                                     else "")  # fmt: skip
             progress(
                 f"waiting for {server.base_url}: {elapsed:.0f}s elapsed, {why}"
                 f"{f' ({state})' if state else ''}; last log line: {last_line[:160]}"
@@ -125,3 +146,20 @@ def settle_log(source: LogSource, quiet_for: float = 0.5, at_most: float = 5.0) 
             return
         seen = count
         time.sleep(quiet_for)
+
+
+def restart_check(before: list[Restarts] | None, after: list[Restarts] | None) -> Check:
+    """No container restarted while the checks ran (a crash under the checks' load that Docker
+    papered over); restarts before them are reported with the previous start's root cause."""
+    if before is None or after is None:
+        return skipped(RESTARTS, "the log is a file; restart counts come from the containers")
+    counts = {r.container: r.count for r in before}
+    during = [r for r in after if r.count != counts.get(r.container)]
+    expected = "Docker's restart count unchanged while the checks ran"
+    if during:
+        seen = "; ".join(f"{r.container} restarted {r.count - counts.get(r.container, 0)} "
+                         f"time(s) during the checks: {r.cause or NO_CAUSE}"
+                         for r in during)  # fmt: skip
+        return result(RESTARTS, expected, seen, False)
+    return result(RESTARTS, expected, "; ".join(r.describe() for r in after) + "; none during "
+                  "the checks", True)  # fmt: skip

@@ -17,18 +17,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from smoke.api import (
-    READY_PROMPT,
+from smoke.api import READY_PROMPT
+from smoke.check import Check, Label, guard
+from smoke.client import (
     CheckFailed,
     Server,
-    _choice,
-    _guard,
-    _json,
-    _post_json,
-    _stream_chunks,
+    decode_json,
+    message_of,
+    post_json,
     reasoning_of,
+    stream_chunks,
 )
-from smoke.verdict import Check
 
 GLM_MARKUP = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>",
               "<arg_value>", "</arg_value>")  # fmt: skip
@@ -60,15 +59,14 @@ def _request(server: Server, prompt: str, tools: list[dict[str, Any]], stream: b
 
 def whole(server: Server, prompt: str, tools: list[dict[str, Any]]) -> dict[str, Any]:
     """The message of a non-streamed request."""
-    return _choice(_json(_post_json(server, _request(server, prompt, tools, False)))).get(
-        "message") or {}  # fmt: skip
+    return message_of(decode_json(post_json(server, _request(server, prompt, tools, False))))
 
 
 def streamed(server: Server, prompt: str, tools: list[dict[str, Any]]) -> dict[str, Any]:
     """A streamed request reassembled as a message: content and reasoning joined, tool calls
     by index (name from the first delta that has one, arguments concatenated)."""
     content, reasoning, calls = [], [], {}
-    for chunk in _stream_chunks(server, _request(server, prompt, tools, True)):
+    for chunk in stream_chunks(server, _request(server, prompt, tools, True)):
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
             content.append(delta.get("content") or "")
@@ -112,17 +110,17 @@ def only_call(message: dict[str, Any], name: str) -> dict[str, Any]:
     return args
 
 
-def check_noarg_call(server: Server) -> Check:
+def check_noarg_call(label: Label, server: Server) -> Check:
     def body() -> str:
         args = only_call(whole(server, TIME_PROMPT, [TIME_TOOL]), "get_time")
         if args:
             raise CheckFailed(f"get_time takes no arguments, got {json.dumps(args)}")
         return "get_time({})"
 
-    return _guard("api: tool call without arguments", "get_time with arguments {}", body)
+    return guard(label, "get_time with arguments {}", body)
 
 
-def check_noarg_call_stream(server: Server) -> Check:
+def check_noarg_call_stream(label: Label, server: Server) -> Check:
     def body() -> str:
         message = streamed(server, TIME_PROMPT, [TIME_TOOL])
         args = only_call(message, "get_time")
@@ -130,11 +128,10 @@ def check_noarg_call_stream(server: Server) -> Check:
             raise CheckFailed(f"get_time takes no arguments, streamed {json.dumps(args)}")
         return "get_time({}) from the deltas"
 
-    return _guard("api: streamed tool call without arguments",
-                  "deltas name get_time, arguments {}", body)  # fmt: skip
+    return guard(label, "deltas name get_time, arguments {}", body)
 
 
-def check_stream_without_tools(server: Server) -> Check:
+def check_stream_without_tools(label: Label, server: Server) -> Check:
     def body() -> str:
         want = whole(server, READY_PROMPT, [])
         got = streamed(server, READY_PROMPT, [])
@@ -147,10 +144,11 @@ def check_stream_without_tools(server: Server) -> Check:
             raise CheckFailed(f"streamed content {got['content']!r}; whole {want.get('content')!r}")
         return f"content 'READY', reasoning {len(got['reasoning'] or '')} chars, no tool deltas"
 
-    return _guard("api: streamed answer without tools", "the same 'READY', no markup", body)
+    return guard(label, "the same 'READY', no markup", body)
 
 
-def check_reasoning_then_call(server: Server, prompt: str, tool: dict[str, Any]) -> Check:
+def check_reasoning_then_call(label: Label, server: Server, prompt: str,
+                              tool: dict[str, Any]) -> Check:  # fmt: skip
     """`prompt` makes the model think, then call `tool` (the weather check's request)."""
     name = tool["function"]["name"]
 
@@ -167,5 +165,4 @@ def check_reasoning_then_call(server: Server, prompt: str, tool: dict[str, Any])
             shown.append(f"{how}: reasoning {len(thought)} chars, then {name}")
         return "; ".join(shown)
 
-    return _guard("api: reasoning then tool call",
-                  "reasoning, then the call in tool_calls, no markup in either", body)  # fmt: skip
+    return guard(label, "reasoning, then the call in tool_calls, no markup in either", body)

@@ -1,23 +1,113 @@
-"""Shared test helpers: paths to the shared fixtures and a vLLM tree with every fork capability."""
+"""Shared test helpers: the hermetic settings every test runs with, paths to the shared
+fixtures, a plan from plain values, and a vLLM tree with every fork capability."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import subprocess
+import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import requests
+
+if TYPE_CHECKING:
+    from launch.plan import Plan
+    from launch.vllm_install import VllmInstall
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE_LOGS = REPO / "tests" / "fixtures" / "vllm-logs"
 """The project's shared real-server logs (`../shared/fixtures/vllm-logs`), copied unchanged into
 the repository so that a clone anywhere runs the tests."""
 
+USER_VARIABLES = (
+    "PROFILE", "IMAGE", "ROUTER_IMAGE", "HOST_PORT", "BIND_ADDRESS", "GPU_SETS", "VLLM_API_KEY",
+    "HF_TOKEN", "HF_ENDPOINT", "HF_CACHE_VOLUME", "COMPOSE_FILE",
+)  # fmt: skip
+"""Settings a user may have in the shell besides the profile overrides (ENV_OVERRIDES)."""
+SECRET_FILE_VARS = ("KIT_API_KEY_FILE", "HF_TOKEN_PATH")
+"""Where the commands read the API key and the Hub token (launch.route_guard.KEY_FILE_VAR,
+huggingface_hub's HF_TOKEN_PATH)."""
+
+
+@pytest.fixture(autouse=True)
+def hermetic_settings(tmp_path_factory: pytest.TempPathFactory,
+                      monkeypatch: pytest.MonkeyPatch) -> Path:  # fmt: skip
+    """Every test reads a settings file and an image lock of its own, never the checkout's
+    compose/.env (which the quick start has every user write) or a shell's overrides: the
+    settings file is a fresh path (absent until a test writes it) and the lock a copy of the
+    tracked one, and the secret files fresh paths too. Subprocesses inherit them through
+    KIT_ENV_FILE, KIT_IMAGES_LOCK, KIT_API_KEY_FILE and HF_TOKEN_PATH."""
+    from launch.compose_env import ENV_FILE_VAR
+    from launch.image_lock import COMPOSE_DIR, LOCK_VAR
+    from launch.overrides import ENV_OVERRIDES
+
+    for name in (*ENV_OVERRIDES, *USER_VARIABLES):
+        monkeypatch.delenv(name, raising=False)
+    home = tmp_path_factory.mktemp("kit-settings")
+    lock = home / "images.lock"
+    shutil.copy(COMPOSE_DIR / "images.lock", lock)
+    monkeypatch.setenv(LOCK_VAR, str(lock))
+    monkeypatch.setenv(ENV_FILE_VAR, str(home / ".env"))
+    # the secret files: the test's own (absent until a test writes them), never compose/secrets
+    monkeypatch.setenv(SECRET_FILE_VARS[0], str(home / "vllm_api_key"))
+    monkeypatch.setenv(SECRET_FILE_VARS[1], str(home / "hf_token"))
+    return home
+
+
+def launch_cli(*args: str, env: Mapping[str, str] | None = None
+               ) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """`python -m launch ARGS` in the checkout, as a user runs it, with this test's settings
+    (`hermetic_settings`) and `env` on top."""
+    return subprocess.run([sys.executable, "-m", "launch", *args], cwd=REPO,
+                          env={**os.environ, **(env or {})}, capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+
+
+def plan_of(name: str, environ: Mapping[str, str] | None = None, sets: Sequence[str] = (),
+            *, env_file: Mapping[str, str] | None = None,
+            install: VllmInstall | None = None) -> Plan:  # fmt: skip
+    """The plan of profile `name` with these settings (no vLLM check unless `install`); the
+    secret files are the test's own (`hermetic_settings`), never compose/secrets."""
+    from launch.plan import plan_for
+    from launch.settings import Settings
+
+    files = {k: os.environ[k] for k in SECRET_FILE_VARS if k in os.environ}
+    environ = {**files, **(environ or {})}
+
+    return plan_for(Settings(dict(env_file or {}), dict(environ or {}), tuple(sets)), name,
+                    install)  # fmt: skip
+
+
 # tests/planner runs in its own pytest process against the patched vLLM copy
 # (`make test` sets KIT_PATCHED_VLLM and PYTHONPATH); one process cannot import two vLLMs.
 collect_ignore = [] if os.environ.get("KIT_PATCHED_VLLM") else ["planner"]
+
+
+def vllm_format(rel: str, start: str) -> str:
+    """The %-format string of a vLLM 0.33.0 log call that begins with `start`, read from the
+    installed source (adjacent literals joined, as Python joins them): a synthetic log line for
+    a GPU-only message is this string filled in, never a line written by hand."""
+    import ast
+
+    import vllm  # part of the test environment: a missing vLLM fails, it never skips
+
+    tree = ast.parse((Path(vllm.__file__).parent / rel).read_text(encoding="utf-8"))
+    found = [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)
+             and isinstance(node.value, str) and node.value.startswith(start)]  # fmt: skip
+    assert len(found) == 1, f"{rel}: {len(found)} format strings start with {start!r}"
+    return found[0]
+
+
+def vllm_line(message: str, source: str, process: str = "EngineCore pid=9",
+              level: str = "INFO") -> str:
+    """One line as vLLM's logger prints `message` from `source` (file.py:line)."""
+    return f"({process}) {level} 12-01 02:46:21 [{source}] {message}"
 
 
 def free_port() -> int:

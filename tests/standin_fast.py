@@ -86,6 +86,7 @@ class StandIn:
     model: str = MODEL
     variant: str = ""
     fail_every: int = 0  # every Nth chat request answers HTTP 500
+    metrics_delay: float = 0.0  # seconds each /metrics answer waits (a loaded server's read)
     counters: Counters = field(default_factory=Counters)
     cache: PrefixCache = field(default_factory=PrefixCache)
     _blobs: dict[tuple[int, int, bool], bytes] = field(default_factory=dict)
@@ -167,6 +168,7 @@ class StandIn:
         if method == "GET" and path == "/v1/models":
             return self._json(writer, 200, {"object": "list", "data": [{"id": self.model}]})
         if method == "GET" and path == "/metrics":
+            await asyncio.sleep(self.metrics_delay)
             data = self.metrics()
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d"
                          b"\r\n\r\n%s" % (len(data), data))  # fmt: skip
@@ -228,9 +230,15 @@ def main() -> None:
     parser.add_argument("--fail-every", type=int, default=0)
     parser.add_argument("--cache-tokens", type=int, default=0, help="prefix cache size")
     parser.add_argument("--host-tier-tokens", type=int, default=0, help="host tier size")
+    parser.add_argument("--metrics-delay", type=float, default=0.0, help="slow /metrics reads")
     args = parser.parse_args()
     cache = PrefixCache(args.cache_tokens, args.host_tier_tokens)
-    standin = StandIn(variant=args.variant, fail_every=args.fail_every, cache=cache)
+    standin = StandIn(
+        variant=args.variant,
+        fail_every=args.fail_every,
+        cache=cache,
+        metrics_delay=args.metrics_delay,
+    )
     asyncio.run(serve(standin, args.port))
 
 

@@ -60,9 +60,26 @@ def test_decode_cells_run_for_their_duration_and_stop(receipt_a):
         samples = cells[name]["samples"]
         assert len(samples) == 2
         for s in samples:
-            assert 1.5 <= s["window_s"] < 1.7
+            assert abs(s["window_s"] - 1.5) < 0.2  # between the /metrics reads' midpoints
             assert s["output_tokens"] > 0 and s["requests_failed"] == 0
     assert cells["decode-c4"]["samples"][0]["concurrency"] == 4
+
+
+def test_slow_metrics_reads_bound_the_window_from_both_sides(tmp_path):
+    """Stand-in (tests/standin_fast.py) whose /metrics answers wait 0.4 s, as a loaded
+    server's can: the window runs between the reads' midpoints, so it stays the duration, and
+    the kit's count between the reads' ends and between their starts brackets it."""
+    out = tmp_path / "slow.json"
+    with standin("--metrics-delay", "0.4") as url:
+        assert main(["bench", "--profile", "dflash-tp4-dcp4", "--url", url, "--out", str(out),
+                     "--concurrency", "2", "--duration", "1.5", "--warmup", "0.3",
+                     "--repeats", "1", "--max-tokens", "300", "--skip", "prefill",
+                     "--skip", "parity", "--skip", "reuse"]) == 0  # fmt: skip
+    sample = load(out)["cells"]["decode-c2"]["samples"][0]
+    assert all(0.4 <= read < 1.0 for read in sample["metrics_read_s"])
+    assert abs(sample["window_s"] - 1.5) < 0.2
+    between = sample["output_tokens_between_reads"]
+    assert between["inner"] < sample["output_tokens"] < between["outer"]
 
 
 def test_metrics_deltas_give_acceptance_and_steps_exactly(receipt_a):

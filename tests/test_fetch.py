@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,8 +19,18 @@ from pathlib import Path
 
 import pytest
 
+from launch.compose_env import compose_env_args
 from launch.loader import load
-from launch.weights import WeightRepo, check, parse_spec, record_path, weight_repos
+from launch.weights import (
+    HubFile,
+    WeightRepo,
+    bytes_to_fetch,
+    check,
+    parse_spec,
+    record_path,
+    too_big,
+    weight_repos,
+)
 from tests.hub_standin import HubRepo, HubStandin, flipped
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -45,8 +56,9 @@ def weights(url: str, home: Path, *args: str, token: str | None = None):
            "HF_HUB_DISABLE_XET": "1", "PYTHONPATH": str(REPO_ROOT)}  # fmt: skip
     env.pop("HF_TOKEN", None)
     env.pop("HF_HUB_OFFLINE", None)
+    env["HF_TOKEN_PATH"] = str(home / "hf_token")  # as compose mounts the secret: a file
     if token:
-        env["HF_TOKEN"] = token
+        (home / "hf_token").write_text(token + "\n")
     return subprocess.run([sys.executable, "-m", "launch.weights", *args], env=env,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
 
@@ -153,8 +165,67 @@ def test_a_gated_repository_asks_for_hf_token(hub, tmp_path: Path) -> None:
     standin, url = hub
     standin.repos[REPO_ID].gated = True
     refused = weights(url, tmp_path, "download", spec())
-    assert refused.returncode == 2 and "HF_TOKEN" in refused.stderr
+    assert refused.returncode == 2 and "compose/secrets/hf_token" in refused.stderr
     assert weights(url, tmp_path, "download", spec(), token="hf_test").returncode == 0
+
+
+def test_a_byte_flipped_after_verification_is_found_and_that_file_alone_fetched_again(
+    hub, tmp_path: Path
+) -> None:
+    standin, url = hub
+    assert weights(url, tmp_path, "download", spec()).returncode == 0
+    blob = snapshot_file(tmp_path, "model.safetensors").resolve()
+    data = bytearray(blob.read_bytes())
+    data[1_000_000] ^= 0x01
+    blob.write_bytes(bytes(data))
+    assert weights(url, tmp_path, "check", spec()).returncode == 0  # sizes only: same size
+    verified = weights(url, tmp_path, "verify", spec())
+    assert verified.returncode == 1
+    assert verified.stdout.startswith(f"not fetched: {REPO_ID}@{COMMIT}: model.safetensors "
+                                      "changed since it was verified")  # fmt: skip
+    again = weights(url, tmp_path, "download", spec())
+    assert again.returncode == 0, again.stderr
+    assert "1 file(s) failed verification and were removed" in again.stdout
+    assert len(standin.gets("model.safetensors")) == 2 and len(standin.gets("config.json")) == 1
+    assert weights(url, tmp_path, "verify", spec()).returncode == 0
+
+
+def test_bytes_to_fetch_counts_what_the_cache_lacks_partial_transfers_included(
+    hub, tmp_path: Path
+) -> None:
+    _, url = hub
+    done = weights(url, tmp_path, "download", spec())
+    assert done.returncode == 0, done.stderr
+    assert f"downloading {len(CONFIG) + len(WEIGHTS) + 2:,} bytes" in done.stdout
+    blobs = tmp_path / "hub" / "models--kit-test--GLM-tiny" / "blobs"
+    tree = hub_tree_of(url)
+    assert bytes_to_fetch(tree, blobs) == 0
+    model = blobs / tree["model.safetensors"].hexdigest
+    model.rename(model.with_name(model.name + ".incomplete"))
+    partial = model.with_name(model.name + ".incomplete")
+    with partial.open("r+b") as fh:
+        fh.truncate(CUT_AT)
+    assert bytes_to_fetch(tree, blobs) == len(WEIGHTS) - CUT_AT
+    repo = parse_spec(spec())
+    assert too_big(repo, 10, 10, tmp_path) is None
+    refused = too_big(repo, 25_600_000, 1_048_576, tmp_path / "hub")
+    assert refused is not None
+    assert "needs 25,600,000 bytes more (0.02 GiB)" in refused
+    assert "which has 1,048,576 bytes free" in refused and "HF_CACHE_VOLUME" in refused
+
+
+def hub_tree_of(url: str) -> dict:
+    """The stand-in's tree through `hub_tree` (huggingface_hub's own client) in a fresh
+    interpreter, since huggingface_hub fixes its endpoint at import."""
+    code = ("import json; from launch.weights import hub_tree, parse_spec; "
+            f"tree = hub_tree(parse_spec({spec()!r})); "
+            "print(json.dumps({k: vars(v) for k, v in tree.items()}))")  # fmt: skip
+    env = {**os.environ, "HF_ENDPOINT": url, "HF_HUB_DISABLE_XET": "1",
+           "PYTHONPATH": str(REPO_ROOT)}  # fmt: skip
+    env.pop("HF_HUB_OFFLINE", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=60, check=True).stdout  # fmt: skip
+    return {k: HubFile(**v) for k, v in json.loads(out).items()}
 
 
 def test_check_notices_a_file_removed_after_verification(hub, tmp_path: Path) -> None:
@@ -178,12 +249,14 @@ def test_make_fetch_runs_the_fetch_service_with_the_profile_repositories() -> No
     assert done.returncode == 0, done.stderr
     p = load("dflash-tp4-dcp4").profile
     spec_ = p.engine.speculative_config
+    # the tests' own settings file (conftest), which compose gets with --env-file
+    compose = shlex.join(["docker", "compose", *compose_env_args()])
     assert done.stdout.strip().endswith(
-        "docker compose run --rm fetch download "
+        f"{compose} run --rm fetch download "
         f"model={p.engine.model}@{p.engine.revision} draft={spec_.model}@{spec_.revision}"
     )
     check_cmd = launch("fetch", "dflash-tp4-dcp4", "--check", "--dry-run")
-    assert "docker compose run --rm -T fetch check model=" in check_cmd.stdout
+    assert f"{compose} run --rm -T fetch verify model=" in check_cmd.stdout
 
 
 def test_make_fetch_refuses_bad_input_before_docker() -> None:
@@ -198,41 +271,40 @@ def test_a_profile_serving_a_directory_has_nothing_to_fetch() -> None:
     assert "a directory in its image: nothing to fetch" in done.stdout
 
 
-@pytest.fixture
-def own_compose_env():
-    """compose/.env moved aside for the test and put back (the test writes its own)."""
-    from launch.compose_env import ENV_PATH
-
-    saved = ENV_PATH.read_bytes() if ENV_PATH.exists() else None
-    try:
-        yield ENV_PATH
-    finally:
-        if saved is None:
-            ENV_PATH.unlink(missing_ok=True)
-        else:
-            ENV_PATH.write_bytes(saved)
+def docker_volumes() -> set[str]:
+    listed = subprocess.run(["docker", "volume", "ls", "--quiet"], capture_output=True,
+                            text=True, check=True)  # fmt: skip
+    return set(listed.stdout.split())
 
 
 UNPULLABLE = "127.0.0.1:9/glm53/nothing@sha256:" + "0" * 64
 """A digest reference no registry serves (nothing listens on port 9): compose cannot pull it."""
 
 
-def test_a_check_that_could_not_run_is_not_reported_as_missing_weights(own_compose_env, capsys):
+def test_a_check_that_could_not_run_is_not_reported_as_missing_weights(capsys):
     """Against the real Docker engine and compose: the profile's image cannot be pulled, so the
     fetch service never ran. `up`'s pre-check says it could not check (before, it printed an
     empty `warning:` and then claimed the weights were missing); `fetch --check` exits 2."""
     from launch.compose_config import configure, write
-    from launch.plan import build_plan
+    from launch.settings import Settings
     from launch.weights_service import warn_if_missing
+    from tests.conftest import plan_of
 
     env = {"IMAGE": UNPULLABLE}
-    result = configure(build_plan("mtp3-tp4-split", (), env, None), env)
+    result = configure(plan_of("mtp3-tp4-split", env), Settings(environ=env))
     write(result)
-    warn_if_missing(result)
+    before = docker_volumes()
+    try:
+        warn_if_missing(result)
+        done = launch("fetch", "mtp3-tp4-split", "--check", env={"IMAGE": UNPULLABLE})
+    finally:  # compose makes the service's volumes before it tries to pull: the test's own
+        made = docker_volumes() - before
+        if made:
+            subprocess.run(["docker", "volume", "rm", *sorted(made)], check=True,
+                           capture_output=True)  # fmt: skip
     err = capsys.readouterr().err
     assert err.startswith("warning: the weights check could not run (exit 1): ")
     assert "127.0.0.1:9" in err and "whether the weights are fetched was not checked" in err
     assert "will download them itself" not in err
-    done = launch("fetch", "mtp3-tp4-split", "--check", env={"IMAGE": UNPULLABLE})
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.startswith("error: the weights check could not run")

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from launch.__main__ import main as launch_main
-from launch.capabilities import find_vllm
 from launch.deviations import NotChecked
-from launch.errors import ProfileError
-from launch.plan import build_plan
+from launch.errors import UsageError
+from launch.vllm_install import find_vllm
+from tests.conftest import plan_of
 
 GLM_PROFILES = ("dflash-tp4-dcp4", "mtp3-tp4-split")
 FORK_FALLBACKS = "split_pages,attention_backend,draft_attention_backend"
@@ -21,7 +21,7 @@ def test_glm_profiles_render_the_parsers_vllm_parses(name):
     from vllm.entrypoints.common.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    plan = build_plan(name, (), {}, None)
+    plan = plan_of(name)
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(list(plan.argv[2:]))
     assert (args.reasoning_parser, args.tool_call_parser) == ("glm45", "glm47")
     assert args.enable_auto_tool_choice is True and args.enable_prefix_caching is True
@@ -41,7 +41,7 @@ def test_registries_read_from_source_are_vllms_own():
 
 
 def test_parser_overrides_keep_the_capacity_expectations():
-    plan = build_plan("mtp3-tp4-split", (), {"REASONING_PARSER": "deepseek_r1"}, None)
+    plan = plan_of("mtp3-tp4-split", {"REASONING_PARSER": "deepseek_r1"})
     assert "engine.reasoning_parser: glm45 -> deepseek_r1 (from environment REASONING_PARSER)" in (
         map(str, plan.deviations)
     )
@@ -50,12 +50,12 @@ def test_parser_overrides_keep_the_capacity_expectations():
 
 
 def test_auto_tool_choice_without_a_parser_is_refused():
-    with pytest.raises(ProfileError) as err:
-        build_plan("dflash-tp4-dcp4", (), {"TOOL_CALL_PARSER": "none"}, None)
+    with pytest.raises(UsageError) as err:
+        plan_of("dflash-tp4-dcp4", {"TOOL_CALL_PARSER": "none"})
     assert err.value.field == "engine.enable_auto_tool_choice"
     assert "ENABLE_AUTO_TOOL_CHOICE=false" in err.value.fix
     off = {"TOOL_CALL_PARSER": "none", "ENABLE_AUTO_TOOL_CHOICE": "false"}
-    plan = build_plan("dflash-tp4-dcp4", (), off, None)
+    plan = plan_of("dflash-tp4-dcp4", off)
     assert "--tool-call-parser" not in plan.argv
     assert "--no-enable-auto-tool-choice" in plan.argv
 

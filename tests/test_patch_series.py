@@ -24,7 +24,7 @@ FILES = (
 @pytest.fixture
 def pristine_tree(tmp_path: Path) -> Path:
     """The files the series touches, copied from the installed vllm 0.33.0 wheel."""
-    from launch.capabilities import find_vllm
+    from launch.vllm_install import find_vllm
 
     install = find_vllm()
     assert install is not None and install.version == "0.33.0"

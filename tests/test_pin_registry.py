@@ -164,12 +164,12 @@ def test_unreachable_registry_and_bad_refs_exit_2(lock):
 def test_a_locally_built_image_is_pinned_by_its_image_id(tmp_path, lock):
     """Against the real engine `.ci/run` starts: an image built here and never pushed."""
     from launch.docker_api import connect, require_local_image
-    from launch.errors import ProfileError
+    from launch.errors import UsageError
     from launch.image_lock import read_lock, resolve_image
 
     try:
         connect("skip")
-    except ProfileError as err:
+    except UsageError as err:
         pytest.fail(f"no Docker engine answers ({err}); the kit's tests need one: "
                     "`python tests/e2e/services.py start --state DIR` starts it")
     context = tmp_path / "context"
@@ -190,13 +190,13 @@ def test_a_locally_built_image_is_pinned_by_its_image_id(tmp_path, lock):
         assert pin(lock, tag, "--source", "cpu", "--local", "--check").returncode == 0
         # compose on this engine runs it; a cluster or a build cannot pull it
         assert resolve_image("cpu", {}, lock) == image_id
-        with pytest.raises(ProfileError) as err:
+        with pytest.raises(UsageError) as err:
             resolve_image("cpu", {}, lock, local_ok=False)
         assert "is a local image ID" in err.value.rule and "make pin" in err.value.fix
         require_local_image(image_id)
     finally:
         subprocess.run(["docker", "image", "rm", "--force", tag], capture_output=True, check=True)
-    with pytest.raises(ProfileError) as err:
+    with pytest.raises(UsageError) as err:
         require_local_image(image_id)
     assert "this Docker engine has no such image" in err.value.rule
     gone = pin(lock, tag, "--source", "cpu", "--local")

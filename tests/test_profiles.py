@@ -9,18 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from launch.capabilities import find_vllm, resolve
+from launch.capabilities import resolve
 from launch.deviations import Changed, NotChecked
 from launch.loader import load, profile_names
 from launch.overrides import ENV_OVERRIDES, from_environment, settable_paths
-from launch.plan import build_plan
-from launch.render import render
+from launch.plan import assemble
+from launch.vllm_install import find_vllm
+from tests.conftest import plan_of
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def plan(name: str, environ: dict[str, str] | None = None, sets: tuple[str, ...] = ()):
-    return build_plan(name, sets, environ or {}, None)
+    return plan_of(name, environ, sets)
 
 
 def flag_value(argv: tuple[str, ...], flag: str) -> str:
@@ -227,7 +228,7 @@ def test_fork_tree_meets_every_requirement(fork_vllm_tree):
         loaded = load(name)
         res = resolve(loaded.profile, find_vllm(fork_vllm_tree))
         assert res.qualified and res.profile == loaded.profile
-        assert render(loaded, res).checked_against == f"vLLM 0.33.0 at {fork_vllm_tree}"
+        assert assemble(loaded, res).checked_against == f"vLLM 0.33.0 at {fork_vllm_tree}"
 
 
 @pytest.mark.parametrize("name", ["dflash-tp4-dcp4", "mtp3-tp4-split"])
@@ -246,7 +247,7 @@ def test_plan_text_is_copyable_shell(name):
 
 
 def test_a_concurrency_floor_must_name_the_length_vllm_reports_it_for():
-    from launch.errors import ProfileError
+    from launch.errors import UsageError
     from launch.loader import read_raw
     from launch.profile import Profile
     from launch.schema import build
@@ -254,10 +255,10 @@ def test_a_concurrency_floor_must_name_the_length_vllm_reports_it_for():
 
     raw = read_raw("mtp3-tp4-split")
     raw["expect"]["max_concurrency_tokens"] = 202752
-    with pytest.raises(ProfileError, match=r"differs from engine.max_model_len \(262144\)"):
+    with pytest.raises(UsageError, match=r"differs from engine.max_model_len \(262144\)"):
         validate(build(Profile, raw, ""))
     del raw["expect"]["max_concurrency_tokens"]
-    with pytest.raises(ProfileError, match="without the request length it is for"):
+    with pytest.raises(UsageError, match="without the request length it is for"):
         validate(build(Profile, raw, ""))
 
 
@@ -268,8 +269,8 @@ def test_max_model_len_override_drops_the_concurrency_floor_with_its_length():
 
 
 def test_compose_env_then_environment_then_set_each_named_in_the_plan():
-    p = build_plan("dflash-tp4-dcp4", ("MAX_NUM_SEQS=24",), {"MAX_NUM_SEQS": "20"}, None,
-                   {"MAX_NUM_SEQS": "16"})  # fmt: skip
+    p = plan_of("dflash-tp4-dcp4", {"MAX_NUM_SEQS": "20"}, ("MAX_NUM_SEQS=24",),
+                env_file={"MAX_NUM_SEQS": "16"})  # fmt: skip
     assert flag_value(p.argv, "--max-num-seqs") == "24"
     assert [str(d) for d in p.deviations
             if isinstance(d, Changed) and d.path == "engine.max_num_seqs"] == [
@@ -277,16 +278,17 @@ def test_compose_env_then_environment_then_set_each_named_in_the_plan():
         "engine.max_num_seqs: 16 -> 20 (from environment MAX_NUM_SEQS)",
         "engine.max_num_seqs: 20 -> 24 (from --set MAX_NUM_SEQS)",
     ]
-    only_file = build_plan("dflash-tp4-dcp4", (), {}, None, {"MAX_NUM_SEQS": "16"})
+    only_file = plan_of("dflash-tp4-dcp4", env_file={"MAX_NUM_SEQS": "16"})
     assert flag_value(only_file.argv, "--max-num-seqs") == "16" and not only_file.qualified
 
 
-def test_smoke_default_url_is_the_host_port_compose_publishes(monkeypatch):
-    from launch.compose_env import default_url
+def test_smoke_default_url_is_the_host_port_compose_publishes():
+    from launch.settings import Settings
 
-    profile = load("cpu-tiny").profile
-    monkeypatch.setenv("HOST_PORT", "8100")
-    assert default_url(profile) == "http://127.0.0.1:8100"
+    port = load("cpu-tiny").profile.deployment.port
+    assert Settings(environ={"HOST_PORT": "8100"}).url(port) == "http://127.0.0.1:8100"
+    assert Settings(env_file={"HOST_PORT": "8200"}).url(port) == "http://127.0.0.1:8200"
+    assert Settings().url(port) == f"http://127.0.0.1:{port}"
 
 
 @pytest.mark.parametrize(
@@ -295,6 +297,11 @@ def test_smoke_default_url_is_the_host_port_compose_publishes(monkeypatch):
         ({"MAX_MODEL_LEN": "128k"}, "--max-model-len", "128000"),
         ({"MAX_MODEL_LEN": "256K"}, "--max-model-len", "262144"),
         ({"KV_CACHE_MEMORY": "12G"}, "--kv-cache-memory-bytes", "12884901888"),
+        # the IEC units the kit prints and vLLM logs ("15.87 GiB available for KV")
+        ({"KV_CACHE_MEMORY": "12GiB"}, "--kv-cache-memory-bytes", "12884901888"),
+        ({"KV_CACHE_MEMORY": "12 GiB"}, "--kv-cache-memory-bytes", "12884901888"),
+        ({"KV_CACHE_MEMORY": "15.87 GiB"}, "--kv-cache-memory-bytes", "17040282746"),
+        ({"KV_CACHE_MEMORY": "12g"}, "--kv-cache-memory-bytes", "12000000000"),
         ({"MAX_NUM_BATCHED_TOKENS": "8K"}, "--max-num-batched-tokens", "8192"),
     ],
 )
@@ -322,10 +329,10 @@ def test_a_broken_profile_file_is_named_and_the_others_still_list(tmp_path, monk
 
 
 def test_a_refused_value_from_compose_env_says_where_it_came_from():
-    from launch.errors import ProfileError
+    from launch.errors import UsageError
 
-    with pytest.raises(ProfileError) as caught:
-        build_plan("dflash-tp4-dcp4", (), {}, None, {"MAX_NUM_SEQS": "8"})
+    with pytest.raises(UsageError) as caught:
+        plan_of("dflash-tp4-dcp4", env_file={"MAX_NUM_SEQS": "8"})
     assert caught.value.field == "engine.compilation_config.max_cudagraph_capture_size"
     origin = "engine.max_num_seqs: 32 -> 8 (from compose/.env MAX_NUM_SEQS)"
     assert f"(overrides in effect: {origin})" in str(caught.value)
@@ -367,7 +374,7 @@ SCHEMA_PROBLEMS = [
 
 @pytest.mark.parametrize(("where", "value", "message"), SCHEMA_PROBLEMS)
 def test_schema_refuses_each_mistake_naming_its_path(where, value, message):
-    from launch.errors import ProfileError
+    from launch.errors import UsageError
     from launch.loader import read_raw
     from launch.profile import Profile
     from launch.schema import build
@@ -377,13 +384,13 @@ def test_schema_refuses_each_mistake_naming_its_path(where, value, message):
     for key in where[:-1]:
         parent = parent[key]
     parent[where[-1]] = value
-    with pytest.raises(ProfileError) as refused:
+    with pytest.raises(UsageError) as refused:
         build(Profile, raw, "")
     assert str(refused.value).startswith(message)
 
 
 def test_a_missing_required_key_is_named():
-    from launch.errors import ProfileError
+    from launch.errors import UsageError
     from launch.loader import read_raw
     from launch.profile import Profile
     from launch.schema import build
@@ -391,8 +398,8 @@ def test_a_missing_required_key_is_named():
     raw = read_raw("dflash-tp4-dcp4")
     del raw["engine"]["model"]
     raw["engine"]["modle"] = "x"  # the misspelling is what the user needs to hear about
-    with pytest.raises(ProfileError, match=r"^engine.modle='x': unknown key .* mean 'model'"):
+    with pytest.raises(UsageError, match=r"^engine.modle='x': unknown key .* mean 'model'"):
         build(Profile, raw, "")
     del raw["engine"]["modle"]
-    with pytest.raises(ProfileError, match=r"^engine.model=None: is required"):
+    with pytest.raises(UsageError, match=r"^engine.model=None: is required"):
         build(Profile, raw, "")

@@ -63,8 +63,8 @@ def test_k8s_manifests_validate_and_carry_gpus_digest_probes_secret(
     assert container["image"] == DIGEST and container["args"] == [name]
     assert container["command"] == compose["entrypoint"] == ["python3", "-m", "launch", "run"]
     env = {e["name"]: e.get("value") for e in container["env"]}
-    assert {k: env[k] for k in compose["environment"] if k != "HF_TOKEN"} == {
-        k: str(v) for k, v in compose["environment"].items() if k != "HF_TOKEN"
+    assert {k: env[k] for k in compose["environment"]} == {
+        k: str(v) for k, v in compose["environment"].items()
     }
     assert env["TRITON_CACHE_DIR"] == "/cache/triton" and env["B12X_CACHE_DIR"] == "/cache/b12x"
     mount = next(m for m in container["volumeMounts"] if m["name"] == "kit-launch")
@@ -80,7 +80,7 @@ def test_k8s_manifests_validate_and_carry_gpus_digest_probes_secret(
     assert plugin == {"name": "kit-kvgeometry", "mountPath": "/opt/kit/kvgeometry",
                       "readOnly": True}  # fmt: skip
     items = next(v for v in pod["volumes"] if v["name"] == "kit-kvgeometry")["configMap"]["items"]
-    assert {i["path"] for i in items} == {"__init__.py", "report.py"}
+    assert {i["path"] for i in items} == {"__init__.py", "line.py", "report.py"}
     plugin_source = (REPO / "kvgeometry" / "report.py").read_text()
     assert launcher["data"]["kvgeometry__report.py"] == plugin_source
     assert container["resources"]["limits"] == {"nvidia.com/gpu": 4}
@@ -89,10 +89,18 @@ def test_k8s_manifests_validate_and_carry_gpus_digest_probes_secret(
     assert startup["failureThreshold"] * startup["periodSeconds"] == 2400
     assert container["readinessProbe"]["httpGet"]["path"] == "/health"
     assert container["livenessProbe"]["httpGet"]["path"] == "/health"
-    hf_token = next(e for e in container["env"] if e["name"] == "HF_TOKEN")
-    assert hf_token["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token",
-                                                      "optional": True}  # fmt: skip
+    # the API key and the Hub token as files from a Secret, where compose mounts them; no
+    # secret in the environment
+    assert not {"HF_TOKEN", "VLLM_API_KEY"} & set(env)
+    assert (env["KIT_API_KEY_FILE"], env["HF_TOKEN_PATH"]) == (
+        "/run/secrets/vllm_api_key", "/run/secrets/hf_token")
+    secrets = next(v for v in pod["volumes"] if v["name"] == "secrets")["secret"]
+    assert secrets == {"secretName": "glm53-secrets", "optional": True, "defaultMode": 0o444}
+    assert {"name": "secrets", "mountPath": "/run/secrets", "readOnly": True} in (
+        container["volumeMounts"])
     assert pod["volumes"][0]["emptyDir"] == {"medium": "Memory", "sizeLimit": "64Gi"}
+    # SIGTERM, then the profile's drain (--shutdown-timeout 60) and the engine's teardown
+    assert pod["terminationGracePeriodSeconds"] == 90
     assert [c["metadata"]["name"] for c in sts["spec"]["volumeClaimTemplates"]] == [
         "hf-cache",
         "jit-cache",

@@ -13,8 +13,9 @@ import pytest
 
 from launch.loader import load
 from smoke.__main__ import main
-from smoke.api import READY_PROMPT, REASONING_BUDGET, Server
-from smoke.checks import REQUEST_CHECKS, Context
+from smoke.api import READY_PROMPT
+from smoke.checks import CHECK_KEYS, REQUEST_CHECKS, Context
+from smoke.client import REASONING_BUDGET, Server
 from tests.conftest import FIXTURE_LOGS, REPO
 from tests.standin import MODEL, StandIn
 from tests.standin import count as count_words
@@ -22,31 +23,31 @@ from tests.standin import count as count_words
 QWEN = FIXTURE_LOGS / "qwen35-4b-9b-compose-v0.16.1-negative-kv-engine-failed-restart.log"
 
 
-CHECKS = {c.key: c.title(Context(Server("", MODEL), load("mtp3-tp4-split").profile))
-          for c in REQUEST_CHECKS}  # fmt: skip
-"""Each request check's name for profile mtp3-tp4-split (8 concurrent, a 32,768-token needle)."""
-AFTER_MODEL = [name for key, name in CHECKS.items() if key != "model"]
+CONTEXT = Context(Server("", MODEL), load("mtp3-tp4-split").profile)
+"""Profile mtp3-tp4-split's checks: 8 concurrent, a 32,768-token needle."""
+TITLES = {c.key: c.label(CONTEXT).title for c in REQUEST_CHECKS}
+AFTER_MODEL = [key for key in CHECK_KEYS if key != "model"]
 FAULTS = [
     ("http500", AFTER_MODEL),
     ("hang", AFTER_MODEL),
     # the stand-in cuts a stream at its fourth delta: the ones with more than three
-    ("cut_stream", [CHECKS[k] for k in ("stream", "tool-stream", "reasoning-tool")]),
+    ("cut_stream", list(("stream", "tool-stream", "reasoning-tool"))),
     ("malformed", AFTER_MODEL),
-    ("wrong_model", [CHECKS["model"]]),
-    ("empty", [CHECKS[k] for k in ("ready", "usage", "reasoning", "concurrent")]),
-    ("no_length", [CHECKS["length"]]),
-    ("leak_thinking", [CHECKS["reasoning"]]),
-    ("no_tool_calls", [CHECKS[k] for k in ("tool", "tool-stream", "tool-noargs",
-                                           "tool-noargs-stream", "reasoning-tool")]),
-    ("bad_json", [CHECKS["structured"]]),
-    ("one_wrong", [CHECKS["concurrent"]]),
-    ("wrong_needle", [CHECKS["needle"]]),
-    ("blind", [CHECKS["vision"]]),
+    ("wrong_model", ["model"]),
+    ("empty", list(("ready", "usage", "reasoning", "concurrent"))),
+    ("no_length", ["length"]),
+    ("leak_thinking", ["reasoning"]),
+    ("no_tool_calls", list(("tool", "tool-stream", "tool-noargs",
+                                           "tool-noargs-stream", "reasoning-tool"))),
+    ("bad_json", ["structured"]),
+    ("one_wrong", ["concurrent"]),
+    ("wrong_needle", ["needle"]),
+    ("blind", ["vision"]),
     # the GLM-5.x breakages users reported, each failing exactly its own check
-    ("drop_noarg_stream", [CHECKS["tool-noargs-stream"]]),
-    ("dup_no_tools_stream", [CHECKS["no-tools-stream"]]),
-    ("markup_in_reasoning", [CHECKS["reasoning-tool"]]),
-    ("no_prefix_hits", [CHECKS["prefix"]]),
+    ("drop_noarg_stream", ["tool-noargs-stream"]),
+    ("dup_no_tools_stream", ["no-tools-stream"]),
+    ("markup_in_reasoning", ["reasoning-tool"]),
+    ("no_prefix_hits", ["prefix"]),
 ]
 
 
@@ -76,20 +77,20 @@ def run_check(capsys, url: str, *extra: str) -> tuple[int, dict]:
 
 
 def failed(verdict: dict) -> list[str]:
-    return [c["name"] for c in verdict["checks"] if not c["ok"] and not c["skipped"]]
+    return [c["key"] for c in verdict["checks"] if not c["ok"] and not c["skipped"]]
 
 
 def test_healthy_standin_passes_every_check(capsys):
     with StandIn() as server:
         code, verdict = run_check(capsys, server.url)
     assert code == 0, verdict
-    assert [c["name"] for c in verdict["checks"]] == [
-        "ready: server up",
-        "api: served model id",
-        "api: chat answers READY",
-        "api: streaming SSE",
-        "api: max_tokens honoured",
-        "api: usage counts consistent",
+    assert [c["key"] for c in verdict["checks"]] == [
+        "server-up",
+        "model",
+        "ready",
+        "stream",
+        "length",
+        "usage",
         *AFTER_MODEL[4:],
     ]
 
@@ -113,14 +114,14 @@ def test_needle_prompt_is_exactly_the_length_asked_and_only_skip_select(capsys):
                                   "--only", "needle", "--only", "vision")  # fmt: skip
         needle = [b for b in server.chat_bodies if "vault" in json.dumps(b)]
     assert code == 0, verdict
-    by_name = {c["name"]: c for c in verdict["checks"]}
-    assert by_name["api: needle in 5,000 tokens"]["seen"] == "ORCHID-7319 back from 5,000 tokens"
+    by_key = {c["key"]: c for c in verdict["checks"]}
+    assert by_key["needle"]["seen"] == "ORCHID-7319 back from 5,000 tokens"
     assert len(needle) == 1 and count_words(needle[0]["messages"]) == 5000
-    assert by_name["api: tool call"]["seen"] == "skipped: not in --only"
-    assert by_name["api: vision"]["ok"]
+    assert by_key["tool"]["seen"] == "skipped: not in --only"
+    assert by_key["vision"]["ok"]
     with StandIn("blind") as server:
         code, verdict = run_check(capsys, server.url, "--skip", "vision")
-    assert code == 0 and {c["name"]: c for c in verdict["checks"]}["api: vision"]["skipped"]
+    assert code == 0 and {c["key"]: c for c in verdict["checks"]}["vision"]["skipped"]
 
 
 def test_without_a_reasoning_parser_nothing_asks_and_the_check_is_skipped(capsys):
@@ -129,7 +130,7 @@ def test_without_a_reasoning_parser_nothing_asks_and_the_check_is_skipped(capsys
                                   "--set", "REASONING_PARSER=none")  # fmt: skip
         assert not [b for b in server.chat_bodies if "chat_template_kwargs" in b]
     assert code == 0, verdict
-    reasoning = next(c for c in verdict["checks"] if c["name"] == "api: reasoning separated")
+    reasoning = next(c for c in verdict["checks"] if c["key"] == "reasoning")
     assert reasoning["skipped"] and not reasoning["ok"]
     assert reasoning["seen"] == "skipped: the profile sets no reasoning parser"
 
@@ -141,17 +142,17 @@ def test_each_fault_fails_its_named_check(capsys, fault, expected_failures):
         code, verdict = run_check(capsys, server.url)
     assert code == 1
     assert failed(verdict) == expected_failures
-    assert time.monotonic() - start < 3 * len(CHECKS)  # each within its 2 s request timeout
+    assert time.monotonic() - start < 3 * len(CHECK_KEYS)  # each within its 2 s request timeout
 
 
 def test_fault_messages_say_what_was_seen(capsys):
     with StandIn("cut_stream") as server:
         _, verdict = run_check(capsys, server.url)
-    stream = next(c for c in verdict["checks"] if c["name"] == "api: streaming SSE")
+    stream = next(c for c in verdict["checks"] if c["key"] == "stream")
     assert stream["seen"] == "stream ended without [DONE] after 3 text chunks"
     with StandIn("hang") as server:
         _, verdict = run_check(capsys, server.url)
-    ready = next(c for c in verdict["checks"] if c["name"] == "api: chat answers READY")
+    ready = next(c for c in verdict["checks"] if c["key"] == "ready")
     assert ready["seen"] == "timed out"
 
 
@@ -197,7 +198,6 @@ def test_engine_failure_in_log_ends_the_wait_with_root_cause(tmp_path, capsys):
 def test_waiting_prints_elapsed_time_and_last_log_line(tmp_path, capsys):
     log = tmp_path / "server.log"
     log.write_text("(APIServer pid=1) INFO 05-15 04:23:11 [utils.py:240] loading weights\n")
-    from smoke.api import Server
     from smoke.logparse import LogParser
     from smoke.ready import LogTail, wait_ready
 
@@ -261,7 +261,7 @@ def test_make_smoke_passes_on_a_healthy_standin():
     with StandIn() as server:
         healthy = _make_smoke(server.url)
     assert healthy.returncode == 0, healthy.stdout + healthy.stderr
-    assert healthy.stdout.strip().endswith(f"{1 + len(CHECKS)} passed, 0 failed")
+    assert healthy.stdout.strip().endswith(f"{1 + len(CHECK_KEYS)} passed, 0 failed")
 
 
 @pytest.mark.parametrize(("fault", "expected_failures"), FAULTS)
@@ -271,7 +271,7 @@ def test_make_smoke_fails_each_fault_naming_the_check(fault, expected_failures):
     assert faulty.returncode != 0
     failed_rows = [line.split("  ")[0] for line in faulty.stdout.splitlines()
                    if line.endswith("FAIL")]  # fmt: skip
-    assert failed_rows == expected_failures
+    assert failed_rows == [TITLES[key] for key in expected_failures]
 
 
 # ---- the log read through the Docker Engine API (smoke.containers) ----------------------------
@@ -332,9 +332,11 @@ def test_requests_stay_within_the_context_the_server_reports(capsys):
 def test_without_the_reported_context_the_reasoning_budget_is_refused():
     """What the bound prevents: the 2,048-token exact-answer budget against a 512-token server."""
     from smoke.api import check_ready_answer
+    from smoke.check import Label
 
     with StandIn(max_model_len=512) as server:
-        check = check_ready_answer(Server(server.url, MODEL, reasoning=True))
+        check = check_ready_answer(Label("ready", "api: chat answers READY"),
+                                   Server(server.url, MODEL, reasoning=True))
     assert not check.ok
     assert "max_tokens=2048 cannot be greater than max_model_len=512" in check.seen
 
@@ -348,7 +350,7 @@ def test_acceptance_below_the_profiles_floor_fails_and_without_a_floor_is_report
     only = ("--only", "spec")
     with StandIn("low_acceptance") as server:
         code, verdict = run_check(capsys, server.url, "--profile", "dflash-tp4-dcp4", *only)
-    spec = {c["name"]: c for c in verdict["checks"]}[CHECKS["spec"]]
+    spec = {c["key"]: c for c in verdict["checks"]}["spec"]
     assert code == 1 and not spec["ok"]
     assert spec["seen"] == ("acceptance length 1.900 over 10 draft rounds, below the profile's "
                             "floor 2.1")  # fmt: skip
@@ -357,14 +359,14 @@ def test_acceptance_below_the_profiles_floor_fails_and_without_a_floor_is_report
     assert code == 0, verdict
     with StandIn("low_acceptance") as server:
         code, verdict = run_check(capsys, server.url, *only)
-    spec = {c["name"]: c for c in verdict["checks"]}[CHECKS["spec"]]
+    spec = {c["key"]: c for c in verdict["checks"]}["spec"]
     assert code == 0 and spec["seen"].endswith("(reported: the profile states no floor)")
 
 
 def test_a_server_that_does_not_speculate_fails_a_speculative_profile(capsys):
     with StandIn(spec_length=None) as server:
         code, verdict = run_check(capsys, server.url, "--only", "spec")
-    spec = {c["name"]: c for c in verdict["checks"]}[CHECKS["spec"]]
+    spec = {c["key"]: c for c in verdict["checks"]}["spec"]
     assert code == 1 and "does not speculate" in spec["seen"]
 
 
@@ -374,7 +376,7 @@ def test_prefix_reuse_counts_full_hash_blocks_of_a_fresh_prompt(capsys):
     with StandIn() as server:
         code, verdict = run_check(capsys, server.url, "--only", "prefix")
         prompts = [b["messages"][0]["content"] for b in server.chat_bodies]
-    prefix = {c["name"]: c for c in verdict["checks"]}[CHECKS["prefix"]]
+    prefix = {c["key"]: c for c in verdict["checks"]}["prefix"]
     assert code == 0, prefix
     assert len(prompts) == 2 and prompts[0] == prompts[1] and prompts[0].startswith("Session ")
     assert prefix["expected"] == ">= the prompt's full 512-token blocks from vllm:prefix_cache_hits"
@@ -387,10 +389,10 @@ def test_prefix_reuse_counts_full_hash_blocks_of_a_fresh_prompt(capsys):
 def test_prefix_reuse_is_skipped_with_the_reason_where_it_cannot_apply(capsys):
     with StandIn(max_model_len=512) as server:
         _, verdict = run_check(capsys, server.url, "--only", "prefix")
-    seen = {c["name"]: c for c in verdict["checks"]}[CHECKS["prefix"]]["seen"]
+    seen = {c["key"]: c for c in verdict["checks"]}["prefix"]["seen"]
     assert seen == "skipped: the served context (512) cannot hold its 2,048-token prompt"
     with StandIn() as server:
         _, verdict = run_check(capsys, server.url, "--only", "prefix",
                                "--set", "ENABLE_PREFIX_CACHING=false")  # fmt: skip
-    seen = {c["name"]: c for c in verdict["checks"]}[CHECKS["prefix"]]["seen"]
+    seen = {c["key"]: c for c in verdict["checks"]}["prefix"]["seen"]
     assert seen == "skipped: the profile turns prefix caching off"

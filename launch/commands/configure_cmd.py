@@ -11,12 +11,13 @@ compose files for the profile's device, or the generated replicas file), so plai
 from __future__ import annotations
 
 import argparse
-import os
 
-from launch.commands.common import add_profile_arguments, add_replica_arguments, compose_plan
+from launch.commands.common import add_profile_arguments, add_replica_arguments
 from launch.compose_config import configure, show, write
-from launch.compose_env import ENV_PATH
+from launch.compose_env import env_path
 from launch.image_lock import COMPOSE_DIR
+from launch.plan import plan_for
+from launch.settings import read_settings
 
 NAME = "configure"
 
@@ -30,9 +31,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    result = configure(compose_plan(args), os.environ, args.gpu_sets, args.replicas)
+    settings = read_settings(args.sets)
+    result = configure(plan_for(settings, args.profile), settings, args.gpu_sets, args.replicas)
     print(show(result))
     if not args.dry_run:
         write(result)
-        print(f"# written to {ENV_PATH}; start with `docker compose up -d` in {COMPOSE_DIR}")
+        print(f"# written to {env_path()}; start with `docker compose up -d` in {COMPOSE_DIR}")
     return 0

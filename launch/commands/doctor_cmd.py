@@ -8,14 +8,14 @@ a bug report) are judged in place of this host's own.
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
-from launch.commands.common import add_profile_arguments, plan_from_args
-from launch.compose_env import user_settings
+from launch.commands.common import add_profile_arguments, vllm_to_check
 from launch.doctor import FAIL, Finding, Recorded, gather, judge
-from launch.errors import USAGE_EXIT, ProfileError
-from launch.image_lock import LOCK_PATH, resolve_image
+from launch.errors import USAGE_EXIT, UsageError
+from launch.image_lock import lock_path, resolve_image
+from launch.plan import plan_for
+from launch.settings import Settings, read_settings
 
 NAME = "doctor"
 
@@ -42,13 +42,13 @@ def format_findings(findings: list[Finding]) -> str:
     return "\n".join([*lines, f"{len(findings) - fails - warns} ok, {warns} warn, {fails} fail"])
 
 
-def image_ref(source: str) -> str | None:
+def image_ref(source: str, settings: Settings) -> str | None:
     """The image the profile would run, when compose/images.lock pins one."""
-    if not LOCK_PATH.is_file():
+    if not lock_path().is_file():
         return None
     try:
-        return resolve_image(source, {**user_settings(), **os.environ})
-    except ProfileError:
+        return resolve_image(source, settings.merged)
+    except UsageError:
         return None
 
 
@@ -56,13 +56,14 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("nvidia_smi", "topo", "lspci", "kernel_log"):
         path = getattr(args, flag)
         if path is not None and not path.is_file():
-            raise ProfileError(f"--{flag.replace('_', '-')}", str(path), "is not a readable file",
-                               "pass the file the output was saved to")  # fmt: skip
-    plan = plan_from_args(args)
+            raise UsageError(f"--{flag.replace('_', '-')}", str(path), "is not a readable file",
+                             "pass the file the output was saved to")  # fmt: skip
+    settings = read_settings(args.sets)
+    plan = plan_for(settings, args.profile, vllm_to_check(args.vllm_root))
     recorded = Recorded(args.nvidia_smi, args.topo, args.lspci, args.kernel_log)
-    environ = {**user_settings(), **os.environ}
-    image = image_ref(plan.profile.deployment.image)
-    findings = judge(gather(recorded, image, plan.profile, environ), plan.profile, environ)
+    image = image_ref(plan.profile.deployment.image, settings)
+    findings = judge(gather(recorded, image, plan.profile, settings), plan.profile,
+                     settings)  # fmt: skip
     print(f"doctor: profile {plan.profile.name} on "
           f"{'recorded outputs' if any(vars(recorded).values()) else 'this host'}")  # fmt: skip
     print(format_findings(findings))

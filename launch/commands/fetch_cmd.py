@@ -10,14 +10,15 @@ at their pinned revisions. `--check` asks the same service whether they are ther
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import subprocess
 import sys
 
-from launch.commands.common import add_profile_arguments, compose_plan
+from launch.commands.common import add_profile_arguments
 from launch.compose_config import configure, prepare_compose
 from launch.image_lock import COMPOSE_DIR
+from launch.plan import plan_for
+from launch.settings import read_settings
 from launch.weights import MISSING_EXIT, weight_repos
 from launch.weights_service import WeightsCheck, weights_argv, weights_check
 
@@ -30,7 +31,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument(
         "--check",
         action="store_true",
-        help="only report whether the weights are fetched and verified (exit 1 if not)",
+        help="only report whether the weights are fetched and every byte still has the digest "
+        "verified against the Hub (reads every file; exit 1 if not)",
     )
     parser.add_argument("--dry-run", action="store_true", help="print the compose command only")
     return parser
@@ -42,21 +44,22 @@ def state_exit(state: WeightsCheck) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    plan = compose_plan(args)
+    settings = read_settings(args.sets)
+    plan = plan_for(settings, args.profile)
     repos = weight_repos(plan.profile)
     if not repos:
         print(f"profile {plan.profile.name} serves {plan.profile.engine.model}, a directory in "
               "its image: nothing to fetch")  # fmt: skip
         return 0
-    result = configure(plan, os.environ)
-    action = "check" if args.check else "download"
+    result = configure(plan, settings)
+    action = "verify" if args.check else "download"
     argv = weights_argv(action, repos)
     print(f"cd {shlex.quote(str(COMPOSE_DIR))} && {shlex.join(argv)}", flush=True)
     if args.dry_run:
         return 0
     argv[0] = prepare_compose(result)
     if args.check:
-        state = weights_check(result, repos)
+        state = weights_check(result, repos, action)
         if state.unchecked is not None:
             print(f"error: {state.unchecked}", file=sys.stderr)
             return state_exit(state)

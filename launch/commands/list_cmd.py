@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from launch.errors import USAGE_EXIT, ProfileError
+from launch.errors import USAGE_EXIT, UsageError
 from launch.loader import PROFILE_DIR, load, profile_names
 
 NAME = "list"
@@ -21,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
     for name in profile_names():
         try:
             profile = load(name).profile
-        except ProfileError as err:
+        except UsageError as err:
             broken += 1
             print(f"{name:20} BROKEN {PROFILE_DIR / (name + '.yaml')}: {err}")
             continue

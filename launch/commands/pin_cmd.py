@@ -12,8 +12,16 @@ import argparse
 from pathlib import Path
 
 from launch.docker_api import connect, local_image_id
-from launch.errors import ProfileError
-from launch.image_lock import DIGEST_REF, LOCK_PATH, PIN_KEYS, SOURCES, read_lock, write_lock
+from launch.errors import UsageError
+from launch.image_lock import (
+    DIGEST_REF,
+    LOCK_VAR,
+    PIN_KEYS,
+    SOURCES,
+    lock_path,
+    read_lock,
+    write_lock,
+)
 from launch.registry import parse_ref, resolve_digest
 
 NAME = "pin"
@@ -28,7 +36,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         default="kit",
         help="which lock entry to write: a profile image or the build's base",
     )
-    parser.add_argument("--lock", type=Path, default=LOCK_PATH, help="lock file (env format)")
+    parser.add_argument("--lock", type=Path, default=None,
+                        help=f"lock file (env format; default ${LOCK_VAR}, else "
+                        "compose/images.lock)")
     parser.add_argument(
         "--check",
         action="store_true",
@@ -46,14 +56,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def local_pin(image: str, source: str) -> str:
     """The local engine's ID of `image` (a kit or CPU image built here)."""
     if source not in SOURCES:
-        raise ProfileError(
+        raise UsageError(
             "--source", source, "cannot be pinned locally: a build's base must be pullable",
             f"pin it from its registry, or use one of {', '.join(SOURCES)} with --local",
         )  # fmt: skip
     client = connect(f"pin from a registry without --local (`make pin IMAGE={image}`)")
     image_id = local_image_id(client, image)
     if image_id is None:
-        raise ProfileError(
+        raise UsageError(
             "IMAGE", image, "is not an image on this Docker engine",
             "build it first (`make build` / `make build-cpu`), or check `docker images`",
         )  # fmt: skip
@@ -61,8 +71,9 @@ def local_pin(image: str, source: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    args.lock = args.lock or lock_path()
     if not args.lock.is_file():
-        raise ProfileError("--lock", str(args.lock), "does not exist", "use compose/images.lock")
+        raise UsageError("--lock", str(args.lock), "does not exist", "use compose/images.lock")
     key = PIN_KEYS[args.source]
     if args.local:
         return write_or_check(args, key, local_pin(args.image, args.source), args.image)

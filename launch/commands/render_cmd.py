@@ -10,21 +10,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 import yaml
 
-from launch.commands.common import add_profile_arguments, plan_from_args
+from launch.cli_args import positive_int
+from launch.commands.common import add_profile_arguments, vllm_to_check
 from launch.compose_config import compose_document
 from launch.compose_files import merged_document
-from launch.errors import ProfileError
 from launch.image_lock import resolve_image
+from launch.plan import plan_for
 from launch.render import format_plan
-from launch.scale import (
-    k8s_manifests,
-    router_source,
-)
+from launch.scale import k8s_manifests, router_source
+from launch.settings import port_number, read_settings
 
 NAME = "render"
 
@@ -36,19 +34,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--format", choices=["text", "json", "compose", "k8s"], default="text")
     parser.add_argument(
         "--gpu-sets",
-        default=os.environ.get("GPU_SETS"),
-        help='compose: one replica per set, e.g. "0,1,2,3 4,5,6,7" (GPU_SETS)',
+        default=None,
+        help='compose: one replica per set, e.g. "0,1,2,3 4,5,6,7" (default $GPU_SETS)',
     )
-    parser.add_argument(
-        "--replicas", type=int, default=None, help="k8s: pods (default 1); compose: CPU replicas"
-    )
+    parser.add_argument("--replicas", type=positive_int, default=None,
+                        help="k8s: pods (default 1); compose: CPU replicas")  # fmt: skip
     parser.add_argument(
         "--host-port",
-        type=int,
-        default=int(os.environ.get("HOST_PORT", "8000")),
-        help="compose: the router's host port; replica i gets port + 1 + i",
+        default=None,
+        help="compose: the router's host port, replica i gets port + 1 + i (default $HOST_PORT "
+        "from the environment or compose/.env, else 8000)",
     )
-    parser.add_argument("--bind", default=os.environ.get("BIND_ADDRESS", "127.0.0.1"))
+    parser.add_argument("--bind", default=None,
+                        help="compose: the host address (default $BIND_ADDRESS, else 127.0.0.1)")
     parser.add_argument(
         "--no-router", action="store_true", help="k8s: the vLLM pods only, no router in front"
     )
@@ -71,27 +69,28 @@ def kit_files() -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    plan = plan_from_args(args)
+    settings = read_settings(args.sets)
+    plan = plan_for(settings, args.profile, vllm_to_check(args.vllm_root))
     fmt = "json" if args.json else args.format
     if fmt == "text":
         print(format_plan(plan))
     elif fmt == "json":
         print(json.dumps(plan.to_json(), indent=2))
     elif fmt == "compose":
-        doc = compose_document(plan, args.gpu_sets, args.replicas, args.host_port, args.bind)
+        port = (settings.host_port if args.host_port is None
+                else port_number("--host-port", args.host_port, settings.host_port))  # fmt: skip
+        bind = args.bind or settings.bind_address
+        doc = compose_document(plan, args.gpu_sets or settings.gpu_sets, args.replicas, port, bind)
         print(yaml.safe_dump(doc, sort_keys=False), end="")
     else:
-        args.replicas = 1 if args.replicas is None else args.replicas
-        if args.replicas < 1:
-            raise ProfileError("--replicas", args.replicas, "must be at least 1", "e.g. 2")
         # a cluster pulls its images: a local image ID of this engine cannot run there
-        image = resolve_image(plan.profile.deployment.image, os.environ, local_ok=False)
+        image = resolve_image(plan.profile.deployment.image, settings.merged, local_ok=False)
         router = None
         if not args.no_router:
-            router = resolve_image(router_source(plan), os.environ, override_var="ROUTER_IMAGE",
-                                   local_ok=False)  # fmt: skip
+            router = resolve_image(router_source(plan), settings.merged,
+                                   override_var="ROUTER_IMAGE", local_ok=False)  # fmt: skip
         service = merged_document(plan.profile.deployment.device)["services"]["vllm"]
-        docs = k8s_manifests(plan, image, router, args.replicas, service=service,
+        docs = k8s_manifests(plan, image, router, args.replicas or 1, service=service,
                              kit_files=kit_files())  # fmt: skip
         print(yaml.safe_dump_all(docs, sort_keys=False), end="")
     return 0

@@ -12,13 +12,15 @@ import shutil
 import sys
 from pathlib import Path
 
-from launch.capabilities import parse_with_vllm
-from launch.commands.common import add_profile_arguments, plan_from_args
-from launch.errors import ProfileError
+from launch.commands.common import add_profile_arguments, vllm_to_check
+from launch.errors import UsageError
 from launch.kv_offload import read_host_memory
+from launch.plan import plan_for
 from launch.plugin import plugin_env, write_entry_point
 from launch.render import format_plan
+from launch.settings import read_settings, refuse_secrets_as_environment
 from launch.validate import check_host_memory
+from launch.vllm_argv import parse_with_vllm
 
 NAME = "run"
 
@@ -33,7 +35,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    plan = plan_from_args(args, require_vllm=True)
+    install = vllm_to_check(args.vllm_root, required=True)
+    settings = read_settings(args.sets)
+    # a secret in the server's environment is readable by `docker inspect`: refused, not served
+    refuse_secrets_as_environment(settings.environ, "the server's environment")
+    plan = plan_for(settings, args.profile, install)
     check_host_memory(plan.profile, read_host_memory())
     if plan.profile.engine.extra_args:
         parse_with_vllm(plan.argv, plan.profile.engine.extra_args)
@@ -42,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     executable = shutil.which(plan.argv[0])
     if executable is None:
-        raise ProfileError(
+        raise UsageError(
             "argv[0]",
             plan.argv[0],
             "is not on PATH",

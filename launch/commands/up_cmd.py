@@ -14,11 +14,14 @@ import argparse
 import os
 import shlex
 
-from launch.commands.common import add_profile_arguments, add_replica_arguments, compose_plan
+from launch.commands.common import add_profile_arguments, add_replica_arguments
 from launch.compose_config import configure, prepare_compose, show
+from launch.compose_env import compose_env_args
 from launch.image_lock import COMPOSE_DIR
 from launch.kv_offload import read_host_memory
+from launch.plan import plan_for
 from launch.render import format_plan
+from launch.settings import read_settings
 from launch.validate import check_host_memory
 from launch.weights_service import warn_if_missing
 
@@ -39,9 +42,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    result = configure(compose_plan(args), os.environ, args.gpu_sets, args.replicas)
+    settings = read_settings(args.sets)
+    result = configure(plan_for(settings, args.profile), settings, args.gpu_sets, args.replicas)
     check_host_memory(result.plan.profile, read_host_memory())
-    argv = ["docker", "compose", *(["config"] if args.config else ["up", "--detach"])]
+    argv = ["docker", "compose", *compose_env_args(),
+            *(["config"] if args.config else ["up", "--detach"])]  # fmt: skip
     print(format_plan(result.plan))
     print(show(result))
     print(f"cd {shlex.quote(str(COMPOSE_DIR))} && {shlex.join(argv)}", flush=True)

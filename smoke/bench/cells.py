@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import requests
+
 from smoke.bench.client import StreamResult, Target, request_json, stream_chat
 from smoke.bench.metrics import (
     EXTERNAL_HITS,
@@ -30,13 +32,14 @@ from smoke.bench.metrics import (
     parse_counter,
     spec_counters,
 )
+from smoke.client import CheckFailed, Server, exact_messages
+from smoke.client import metrics_text as read_metrics
 
-FILLER = "hello"
+DECODE_PROMPT = "hello"
+"""The decode cells' prompt: context zero, as the seeds' sustained-decode runs."""
 RUN_ID = secrets.token_hex(4)
 """Starts every prefill prompt of this process: a bench run again on the same server must not be
 served from the prefix cache the previous run filled."""
-PIECES = (" a", ".", "a", " ")
-"""Short pieces that close the gap when whole filler words overshoot by more than one token."""
 
 
 class BenchError(Exception):
@@ -44,10 +47,18 @@ class BenchError(Exception):
 
 
 @dataclass(frozen=True)
-class Settings:
-    model: str
+class RequestSettings:
+    """What every cell's requests share: the server (model, key; its untimed requests, such as
+    /tokenize and /metrics, go through `smoke.client`), max_tokens of a decode request, and the
+    timeout of a timed one."""
+
+    server: Server
     max_tokens: int = 4096
     request_timeout: float = 600.0
+
+    @property
+    def model(self) -> str:
+        return self.server.model_id
 
 
 def chat_payload(model: str, prompt: str, max_tokens: int, *, stream: bool) -> bytes:
@@ -96,18 +107,40 @@ def itl_in_window(result: StreamResult, t0: float, t1: float) -> list[float]:
     return out
 
 
-async def metrics_text(target: Target) -> str | None:
+async def metrics_text(server: Server) -> str | None:
+    """`/metrics` read off the event loop (the timed streams go on meanwhile); None when the
+    server does not answer it."""
     try:
-        status, body = await request_json(target, "GET", "/metrics", timeout=10)
-    except (OSError, TimeoutError):
+        return await asyncio.to_thread(read_metrics, server)
+    except (CheckFailed, requests.RequestException):
         return None
-    return body if status == 200 and isinstance(body, str) else None
 
 
-async def decode_cell(target: Target, settings: Settings, concurrency: int, duration: float,
+@dataclass(frozen=True)
+class CounterRead:
+    """The server's counters, read at an instant somewhere between `start` and `end`
+    (perf_counter seconds): on a loaded host one /metrics read can take seconds, so a window
+    that starts when a read returns is shorter than the one the counters cover."""
+
+    totals: dict[str, float]
+    start: float
+    end: float
+
+    @property
+    def mid(self) -> float:
+        return (self.start + self.end) / 2
+
+
+async def read_counters(server: Server) -> CounterRead:
+    start = time.perf_counter()
+    text = await metrics_text(server)
+    return CounterRead(counter_totals(text or ""), start, time.perf_counter())
+
+
+async def decode_cell(target: Target, settings: RequestSettings, concurrency: int, duration: float,
                       warmup: float) -> dict[str, Any]:  # fmt: skip
     """Hold `concurrency` streams for `warmup` + `duration` seconds; measure the window."""
-    payload = chat_payload(settings.model, FILLER, settings.max_tokens, stream=True)
+    payload = chat_payload(settings.model, DECODE_PROMPT, settings.max_tokens, stream=True)
     results: list[StreamResult] = []
     stop = asyncio.Event()
 
@@ -128,17 +161,23 @@ async def decode_cell(target: Target, settings: Settings, concurrency: int, dura
 
     workers = [asyncio.ensure_future(worker()) for _ in range(concurrency)]
     await asyncio.sleep(warmup)
-    totals = counter_totals(await metrics_text(target) or "")  # one parse per read
-    before, generated_before = spec_counters(totals), generation_tokens(totals)
-    t0 = time.perf_counter()
-    await asyncio.sleep(duration)
-    t1 = time.perf_counter()
-    totals = counter_totals(await metrics_text(target) or "")
-    after, generated_after = spec_counters(totals), generation_tokens(totals)
+    first = await read_counters(settings.server)
+    # the second read starts `duration` after the first did: midpoint to midpoint is then
+    # `duration` when the two reads take as long
+    await asyncio.sleep(max(0.0, first.start + duration - time.perf_counter()))
+    last = await read_counters(settings.server)
     stop.set()
     await asyncio.gather(*workers, return_exceptions=True)
+    before, generated_before = spec_counters(first.totals), generation_tokens(first.totals)
+    after, generated_after = spec_counters(last.totals), generation_tokens(last.totals)
+    # the window runs between the reads' midpoints; the counters' own instants are known only
+    # to lie within each read, so the kit's count between the reads' ends and between their
+    # starts bound what the server's counter may show
+    t0, t1 = first.mid, last.mid
     window = t1 - t0
     tokens = sum(tokens_in_window(r, t0, t1) for r in results)
+    bounds = [sum(tokens_in_window(r, a, b) for r in results)
+              for a, b in ((first.end, last.start), (first.start, last.end))]  # fmt: skip
     started = [r for r in results if t0 <= r.t_sent <= t1]
     ttft = [r.t_first - r.t_sent for r in started if r.t_first is not None]
     itl = [gap for r in results for gap in itl_in_window(r, t0, t1)]
@@ -155,6 +194,13 @@ async def decode_cell(target: Target, settings: Settings, concurrency: int, dura
         "server_output_tok_s": None
         if generated_before is None or generated_after is None
         else (generated_after - generated_before) / window,
+        "server_output_tokens": None
+        if generated_before is None or generated_after is None
+        else generated_after - generated_before,
+        # the kit's count between the two /metrics reads (inner: from the first read's end to
+        # the second's start; outer: start to end), and how long each read took
+        "output_tokens_between_reads": {"inner": bounds[0], "outer": bounds[1]},
+        "metrics_read_s": [first.end - first.start, last.end - last.start],
         "acceptance_length": accept,
         "target_steps_s": tok_s / accept if accept else None,
         "ttft_s": percentiles(ttft),
@@ -167,52 +213,23 @@ async def decode_cell(target: Target, settings: Settings, concurrency: int, dura
     }
 
 
-async def count_prompt_tokens(target: Target, model: str, prompt: str) -> int:
-    status, body = await request_json(
-        target, "POST", "/tokenize",
-        {"model": model, "messages": [{"role": "user", "content": prompt}]},
-    )  # fmt: skip
-    if status != 200 or not isinstance(body, dict) or "count" not in body:
-        raise BenchError(
-            f"/tokenize answered HTTP {status}; the server must run with its "
-            "tokenizer endpoint (vLLM's default) to build exact prompts"
-        )
-    return int(body["count"])
+async def exact_prompt(settings: RequestSettings, tokens: int, salt: str) -> str:
+    """A prompt opening with `salt` whose chat-templated length is exactly `tokens`, by the
+    server's tokenizer (`smoke.client.exact_messages`, off the event loop)."""
+
+    def messages(filler: str) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": f"{salt} {filler}"}]
+
+    try:
+        built = await asyncio.to_thread(exact_messages, settings.server, tokens, messages)
+    except (CheckFailed, requests.RequestException) as err:
+        raise BenchError(f"no {tokens:,}-token prompt: {err}") from err
+    return built[0]["content"]
 
 
-async def exact_prompt(target: Target, model: str, tokens: int, salt: str) -> str:
-    """A prompt whose chat-templated length is exactly `tokens`, by the server's tokenizer.
-
-    Whole filler words first (a binary search for the longest prompt not over the target), then
-    short pieces one at a time: a tokenizer may count a word as several tokens, so words alone
-    cannot reach every length.
-    """
-    lo, hi, best, best_count = 0, tokens, None, 0
-    while lo <= hi:
-        words = (lo + hi) // 2
-        prompt = f"{salt} " + " ".join([FILLER] * words)
-        count = await count_prompt_tokens(target, model, prompt)
-        if count == tokens:
-            return prompt
-        if count < tokens:
-            best, best_count, lo = prompt, count, words + 1
-        else:
-            hi = words - 1
-    while best is not None and best_count < tokens:
-        for piece in PIECES:
-            count = await count_prompt_tokens(target, model, best + piece)
-            if best_count < count <= tokens:
-                best, best_count = best + piece, count
-                break
-        else:
-            break
-    if best is not None and best_count == tokens:
-        return best
-    raise BenchError(f"no prompt of exactly {tokens} tokens could be built from {FILLER!r}")
-
-
-async def prefill_cell(target: Target, settings: Settings, tokens: int, run: int) -> dict[str, Any]:
-    prompt = await exact_prompt(target, settings.model, tokens, f"prefill {RUN_ID} run {run}:")
+async def prefill_cell(target: Target, settings: RequestSettings, tokens: int,
+                       run: int) -> dict[str, Any]:  # fmt: skip
+    prompt = await exact_prompt(settings, tokens, f"prefill {RUN_ID} run {run}:")
     payload = chat_payload(settings.model, prompt, 1, stream=True)
     result = await stream_chat(target, payload, timeout=settings.request_timeout)
     if not result.ok or result.t_first is None:
@@ -227,9 +244,9 @@ async def prefill_cell(target: Target, settings: Settings, tokens: int, run: int
             "prompt_tok_s": tokens / ttft}  # fmt: skip
 
 
-async def parity_cell(target: Target, settings: Settings, prompt_tokens: int,
+async def parity_cell(target: Target, settings: RequestSettings, prompt_tokens: int,
                       max_tokens: int) -> dict[str, Any]:  # fmt: skip
-    prompt = await exact_prompt(target, settings.model, prompt_tokens, "parity:")
+    prompt = await exact_prompt(settings, prompt_tokens, "parity:")
     body = json.loads(chat_payload(settings.model, prompt, max_tokens, stream=False))
     status, data = await request_json(target, "POST", "/v1/chat/completions", body,
                                       timeout=settings.request_timeout)  # fmt: skip
@@ -246,7 +263,7 @@ async def parity_cell(target: Target, settings: Settings, prompt_tokens: int,
     }
 
 
-async def _ttft(target: Target, settings: Settings, prompt: str, tokens: int) -> float:
+async def _ttft(target: Target, settings: RequestSettings, prompt: str, tokens: int) -> float:
     result = await stream_chat(target, chat_payload(settings.model, prompt, 1, stream=True),
                                timeout=settings.request_timeout)  # fmt: skip
     if not result.ok or result.t_first is None:
@@ -259,21 +276,21 @@ def _delta(before: str, after: str, name: str) -> float | None:
     return None if a is None or b is None else b - a
 
 
-async def prefix_reuse_cell(target: Target, settings: Settings, prompt_tokens: int,
+async def prefix_reuse_cell(target: Target, settings: RequestSettings, prompt_tokens: int,
                             evict_tokens: int, evict_len: int) -> dict[str, Any]:  # fmt: skip
     """A long prompt, then other prompts totalling `evict_tokens` (more than the GPU KV cache
     holds) so its blocks are evicted, then the first prompt again. Without a host tier the
     repeat is prefilled from scratch; with one it is loaded back, and the server's
     external-prefix-cache counter says how many tokens came that way."""
-    anchor = await exact_prompt(target, settings.model, prompt_tokens, f"reuse {RUN_ID} anchor:")
+    anchor = await exact_prompt(settings, prompt_tokens, f"reuse {RUN_ID} anchor:")
     first = await _ttft(target, settings, anchor, prompt_tokens)
     evictors = -(-evict_tokens // evict_len)
     for i in range(evictors):
-        prompt = await exact_prompt(target, settings.model, evict_len, f"reuse {RUN_ID} evict {i}:")
+        prompt = await exact_prompt(settings, evict_len, f"reuse {RUN_ID} evict {i}:")
         await _ttft(target, settings, prompt, evict_len)
-    before = await metrics_text(target) or ""
+    before = await metrics_text(settings.server) or ""
     repeat = await _ttft(target, settings, anchor, prompt_tokens)
-    after = await metrics_text(target) or ""
+    after = await metrics_text(settings.server) or ""
     gpu_hits = _delta(before, after, PREFIX_HITS)
     return {
         "kind": "prefix_reuse",

@@ -70,7 +70,7 @@ class StreamResult:
         return self.error is None and self.status == 200 and self.done
 
 
-class _StreamProtocol(asyncio.Protocol):
+class StreamProtocol(asyncio.Protocol):
     """The connection of one streamed request; httptools calls the `on_*` methods."""
 
     def __init__(self, result: StreamResult, finished: asyncio.Future[None]) -> None:
@@ -151,7 +151,7 @@ async def stream_chat(
     transport = None
     try:
         transport, _ = await asyncio.wait_for(
-            loop.create_connection(lambda: _StreamProtocol(result, finished),
+            loop.create_connection(lambda: StreamProtocol(result, finished),
                                    target.host, target.port),
             timeout,
         )  # fmt: skip

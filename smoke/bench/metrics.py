@@ -27,6 +27,12 @@ PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
 """Prompt tokens looked up in the GPU prefix cache."""
 EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
 """Prompt tokens served by a KV connector (the host tier), not the GPU cache."""
+RUNNING = "vllm:num_requests_running"
+"""Requests in the engine's batches now (a gauge)."""
+WAITING = "vllm:num_requests_waiting"
+"""Requests queued for a batch slot now (a gauge)."""
+KV_USAGE = "vllm:kv_cache_usage_perc"
+"""The share of KV cache blocks in use now, 1 = all (a gauge; cached free blocks are free)."""
 
 
 def counter_totals(text: str) -> dict[str, float]:
@@ -41,6 +47,16 @@ def counter_totals(text: str) -> dict[str, float]:
             if sample.name == family.name + "_total":
                 totals[family.name] = totals.get(family.name, 0.0) + sample.value
     return totals
+
+
+def gauge_values(text: str) -> dict[str, float]:
+    """Every gauge of a /metrics text by name, summed over label sets (engines, models)."""
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.type == "gauge":
+            for sample in family.samples:
+                values[sample.name] = values.get(sample.name, 0.0) + sample.value
+    return values
 
 
 def parse_counter(text: str, name: str) -> float | None:

@@ -14,8 +14,8 @@ from vllm.v1.kv_cache_interface import CircularBufferSpec, MambaSpec, MLAAttenti
 
 from kvgeometry.report import format_geometry
 from launch.loader import load
+from smoke.log_checks import log_checks
 from smoke.logparse import parse_lines
-from smoke.verdict import geometry_checks
 from tests.planner.glm53_specs import INDEX_KPOOL, RUNTIME_LATENT_BYTES
 from tests.planner.planning import info_lines, plan
 from tests.planner.seed_shapes import TWELVE_GIB, vllm_config
@@ -133,10 +133,10 @@ def test_mtp3_expectations_hold_on_the_runtime_report_and_name_vllms_latent(real
     FALLBACKS=attention_backend, which drops that check)."""
     profile = load("mtp3-tp4-split").profile
     runtime, _ = report_facts(real_specs["mtp3"]["runtime"])
-    checks = {c.name: c for c in geometry_checks(profile, runtime)}
-    assert checks["log: block sizes"].ok and checks["log: page bytes"].ok
+    checks = {c.key: c for c in log_checks(profile, runtime)}
+    assert checks["log.block-sizes"].ok and checks["log.page-bytes"].ok
     own, _ = report_facts(real_specs["mtp3"]["vllm"])
-    page = {c.name: c for c in geometry_checks(profile, own)}["log: page bytes"]
+    page = {c.key: c for c in log_checks(profile, own)}["log.page-bytes"]
     latent = by_kind(real_specs["mtp3"]["vllm"])["latent"][0].page_size_bytes
     assert not page.ok and f"'latent': {latent}" in page.seen
     assert math.gcd(latent, 512) == 512  # whole bytes per token in vLLM's format too
@@ -197,7 +197,7 @@ def test_the_plugin_reports_each_glm_profile_from_the_engine_cores_call(
         ("latent", dcp), ("indexer", dcp), ("tail_ring", 1), ("recurrent", 1),
     }  # fmt: skip
     # the DFlash draft's specs are not built here (its block size is the draft's own check)
-    made = {"mtp3-tp4-split": ("log: block sizes", "log: page bytes"),
-            "dflash-tp4-dcp4": ("log: KV blocks",)}[profile]  # fmt: skip
-    checks = {c.name: c for c in geometry_checks(load(profile).profile, facts)}
+    made = {"mtp3-tp4-split": ("log.block-sizes", "log.page-bytes"),
+            "dflash-tp4-dcp4": ("log.kv-blocks",)}[profile]  # fmt: skip
+    checks = {c.key: c for c in log_checks(load(profile).profile, facts)}
     assert all(checks[n].ok for n in made), [checks[n] for n in made]

@@ -59,8 +59,9 @@ def test_launch_detects_the_patched_registration():
     import vllm
     from vllm import envs
 
-    from launch.capabilities import find_vllm, requirements
+    from launch.capabilities import requirements
     from launch.loader import load
+    from launch.vllm_install import find_vllm
 
     install = find_vllm(Path(vllm.__file__).parent)
     assert set(install.env_vars) == set(envs.environment_variables)

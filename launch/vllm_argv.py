@@ -1,0 +1,30 @@
+"""A `vllm serve` command line checked by the installed vLLM's own argument parser."""
+
+from __future__ import annotations
+
+from launch.errors import UsageError
+
+
+def parse_with_vllm(argv: tuple[str, ...], extra: tuple[str, ...]) -> None:
+    """Parse `vllm serve ...` with the installed vLLM's own argument parser (imported only when
+    the profile passes extra arguments through); refuse what vLLM would refuse at start."""
+    import contextlib
+    import io
+
+    try:
+        from vllm.entrypoints.common.cli_args import make_arg_parser
+    except ImportError:  # vLLM 0.32 (the CPU build) keeps it under launchers/
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            parser.parse_args(list(argv[2:]))
+    except SystemExit as exc:
+        why = (err.getvalue().strip().splitlines() or [f"exit {exc.code}"])[-1]
+        raise UsageError(
+            "engine.extra_args", " ".join(extra), f"vLLM's own parser refuses it ({why})",
+            "fix or drop the argument in VLLM_EXTRA_ARGS",
+        ) from exc  # fmt: skip

@@ -1,0 +1,180 @@
+"""The installed vLLM as a source tree: what it registers (read by `launch.vllm_registrations`,
+never imported: vllm.envs imports torch), what it does with a draft under DCP, and whether
+LMCache loads beside it."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from launch import vllm_registrations as registrations
+from launch.errors import UsageError
+
+_REGISTRY = Path("v1/attention/backends/registry.py")
+LMCACHE_CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.lmcache_mp_connector"
+"""The module vLLM loads for --kv-offloading-backend lmcache (LMCacheMPConnector)."""
+_TORCH_REQ = re.compile(r"^torch\s*(?P<spec>[=<>!~][^;]*)?(?:;.*)?$")
+# vLLM 0.33.0's draft cache under DCP: the model runner keeps a draft's cache replicated only when
+# the speculator's DCP size is 1, and the speculator takes the target's DCP size.
+_RUNNER = Path("v1/worker/gpu/model_runner.py")
+_SPECULATOR = Path("v1/worker/gpu/spec_decode/speculator.py")
+_REPLICATES_ONLY_AT_DCP1 = "self.speculator.dcp_size == 1"
+_SPECULATOR_TAKES_TARGET_DCP = (
+    "self.dcp_size = vllm_config.parallel_config.decode_context_parallel_size"
+)
+
+@dataclass(frozen=True)
+class VllmInstall:
+    """A vLLM package directory and what it registers (read by `launch.vllm_registrations`)."""
+
+    root: Path
+    version: str
+
+    def _read(self, path: str | Path) -> str:
+        file = self.root / path
+        return file.read_text(encoding="utf-8") if file.is_file() else ""
+
+    @cached_property
+    def env_vars(self) -> dict[str, tuple[str, ...] | None]:
+        """envs.py's `environment_variables`: name -> declared choices (None: any value)."""
+        return registrations.env_table(self._read("envs.py"))
+
+    def env_problem(self, wanted: dict[str, str]) -> str | None:
+        """Why setting `wanted` would not take effect here, or None when vLLM registers each name
+        (and lists the value among the name's choices, where it declares choices)."""
+        missing = [name for name in wanted if name not in self.env_vars]
+        if missing:
+            return f"envs.py does not register {', '.join(missing)}"
+        for name, value in wanted.items():
+            choices = self.env_vars[name]
+            if choices is not None and value not in choices:
+                return f"envs.py gives {name} the choices {', '.join(choices)}, not {value}"
+        return None
+
+    @cached_property
+    def attention_backends(self) -> frozenset[str]:
+        """Names of `AttentionBackendEnum` members in this vLLM."""
+        return registrations.enum_members(self._read(_REGISTRY), "AttentionBackendEnum")
+
+    @cached_property
+    def reasoning_parsers(self) -> frozenset[str]:
+        return registrations.table_keys(
+            self._read("reasoning/__init__.py"), "_REASONING_PARSERS_TO_REGISTER"
+        )
+
+    @cached_property
+    def tool_parsers(self) -> frozenset[str]:
+        return registrations.table_keys(
+            self._read("tool_parsers/__init__.py"), "_TOOL_PARSERS_TO_REGISTER"
+        )
+
+    @cached_property
+    def kv_offloading_backends(self) -> frozenset[str]:
+        """The choices of --kv-offloading-backend (config/cache.py's `KVOffloadingBackend`)."""
+        return registrations.literal_alias(self._read("config/cache.py"), "KVOffloadingBackend")
+
+    @cached_property
+    def additional_config_keys(self) -> frozenset[str]:
+        """Keys some vLLM code reads from `additional_config`."""
+        keys: set[str] = set()
+        for path in sorted(self.root.rglob("*.py")):
+            text = path.read_text(encoding="utf-8", errors="replace")
+            if "additional_config" in text:  # only these files can read one; parse just them
+                keys |= registrations.mapping_keys_read(text, "additional_config")
+        return frozenset(keys)
+
+    @cached_property
+    def draft_replication_problem(self) -> str | None:
+        """Why a draft's KV cache cannot stay DCP-replicated under DCP > 1 on this vLLM, when
+        its source shows it (vLLM 0.33.0: the runner replicates a draft only when the
+        speculator's DCP size is 1, and the speculator takes the target's); None when the source
+        does not show that (a build that replicates drafts, such as the qualified runtime)."""
+        runner, speculator = self.root / _RUNNER, self.root / _SPECULATOR
+        if not (runner.is_file() and speculator.is_file()):
+            return None
+        if _REPLICATES_ONLY_AT_DCP1 in runner.read_text(encoding="utf-8") and (
+            _SPECULATOR_TAKES_TARGET_DCP in speculator.read_text(encoding="utf-8")
+        ):
+            return (
+                f"{_RUNNER} replicates a draft's cache only when the speculator's DCP size is 1 "
+                f"and {_SPECULATOR} takes the target's DCP size, so the draft is DCP-sharded"
+            )
+        return None
+
+    def distribution(self, name: str) -> importlib.metadata.Distribution | None:
+        """An installed distribution beside this vLLM (same site-packages), or None."""
+        found = importlib.metadata.distributions(name=name, path=[str(self.root.parent)])
+        return next(iter(found), None)
+
+    @cached_property
+    def lmcache_problem(self) -> str | None:
+        """Why LMCache cannot serve here, or None: not installed; a torch pin the image's torch
+        does not meet; or vLLM's LMCache connector failing to import (a wheel whose compiled ops
+        were built for another torch or CUDA stops there with an undefined symbol). Installing
+        another wheel at start would crash later instead, so the kit refuses."""
+        lmcache, torch = self.distribution("lmcache"), self.distribution("torch")
+        if lmcache is None:
+            return "LMCache is not installed in this image"
+        if torch is None:
+            return "torch is not installed in this image"
+        from packaging.specifiers import SpecifierSet  # vLLM's own dependency
+
+        pins = [m.group("spec") or "" for r in lmcache.requires or [] if (m := _TORCH_REQ.match(r))]
+        wanted = SpecifierSet(pins[0].strip()) if pins else SpecifierSet()
+        if torch.version.split("+")[0] not in wanted:
+            return (
+                f"LMCache {lmcache.version} requires torch{wanted}, the image has torch "
+                f"{torch.version}"
+            )
+        probe = subprocess.run(
+            [sys.executable, "-c", f"import {LMCACHE_CONNECTOR}"],
+            env={**os.environ, "PYTHONPATH": str(self.root.parent)},
+            capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        if probe.returncode != 0:
+            last = (probe.stderr.strip().splitlines() or [f"exit {probe.returncode}"])[-1]
+            return (
+                f"LMCache {lmcache.version} does not load with torch {torch.version}: {last[:200]}"
+            )
+        return None
+
+
+def find_vllm(root: str | Path | None = None) -> VllmInstall | None:
+    """The vLLM at `root` (a package directory) or the importable one; None if there is none."""
+    if root is None:
+        spec = importlib.util.find_spec("vllm")
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        path = Path(next(iter(spec.submodule_search_locations)))
+    else:
+        path = Path(root)
+        if not (path / "__init__.py").is_file():
+            raise UsageError(
+                "--vllm-root",
+                str(root),
+                "is not a vLLM package directory",
+                "point it at the directory that holds vllm/__init__.py",
+            )
+    return VllmInstall(path, version_of(path))
+
+
+def version_of(path: Path) -> str:
+    version_file = path / "_version.py"
+    if version_file.is_file():
+        match = re.search(
+            r"""__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""",
+            version_file.read_text(encoding="utf-8"),
+        )
+        if match:
+            return match.group(1)
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
