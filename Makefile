@@ -14,7 +14,7 @@ PRISTINE_VLLM = $(shell $(TEST_PY) -c 'import importlib.util as u; print(u.find_
 PATCHED := $(TEST_VENV)/vllm-patched
 
 .PHONY: help test lint plan configure doctor fetch up down logs pin build build-cpu smoke bench compare \
-	bench-client patched-vllm patches-report lock e2e
+	soak bench-client patched-vllm patches-report lock e2e
 
 help:
 	@echo "make test                 build the CPU test environment and run every test"
@@ -28,6 +28,7 @@ help:
 	@echo "make smoke PROFILE=name   check a started server against its profile"
 	@echo "make bench PROFILE=name   qualification bench against a started server (receipt in results/)"
 	@echo "make compare A=a.json B=b.json   the seed-style A/B table of two receipts"
+	@echo "make soak PROFILE=name DURATION=30m   mixed load on a started server, a line per minute"
 	@echo "make bench-client         the bench client's own speed against vLLM's client"
 
 # The Makefile is a prerequisite too: the torch and vLLM pins below live here.
@@ -147,6 +148,13 @@ BENCH_ARGS ?=
 bench: $(KIT_STAMP)
 	@test -n "$(PROFILE)" || { echo "usage: make bench PROFILE=<name> [URL=...] [BENCH_ARGS=...]"; exit 2; }
 	$(KIT_PY) -m smoke bench --profile $(PROFILE) $(if $(URL),--url $(URL)) $(BENCH_ARGS)
+
+# A soak against a started server: mixed load at max_num_seqs, a line per minute, a receipt in
+# results/; fails on a failed request or RSS growth past the bound. SOAK_ARGS e.g. "--interval 5m".
+SOAK_ARGS ?=
+soak: $(KIT_STAMP)
+	@test -n "$(PROFILE)" -a -n "$(DURATION)" || { echo "usage: make soak PROFILE=<name> DURATION=30m [URL=...] [SOAK_ARGS=...]"; exit 2; }
+	$(KIT_PY) -m smoke soak --profile $(PROFILE) --duration $(DURATION) $(if $(URL),--url $(URL)) $(SOAK_ARGS)
 
 compare: $(KIT_STAMP)
 	@test -n "$(A)" -a -n "$(B)" || { echo "usage: make compare A=control.json B=candidate.json"; exit 2; }

@@ -53,3 +53,21 @@ def positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(
             f"{text[:40]!r} is not a number above 0 and at most {MAX_SECONDS:,.0f} (seconds)")
     return value
+
+
+DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def duration(text: str) -> float:
+    """An argparse type: seconds from `90`, `90s`, `30m` or `2h`, above 0 and at most a day."""
+    number, unit = text.strip(), "s"
+    if number[-1:].lower() in DURATION_UNITS:
+        number, unit = number[:-1], number[-1].lower()
+    try:
+        seconds = positive_float(number) * DURATION_UNITS[unit]
+    except argparse.ArgumentTypeError:
+        seconds = math.nan
+    if not 0 < seconds <= MAX_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]!r} is not a duration such as 90s, 30m or 2h, at most 24h")
+    return seconds

@@ -18,12 +18,9 @@ from typing import Any
 
 from launch.cli_args import add_api_key_argument, add_set_argument, positive_float, positive_int
 from launch.errors import UsageError
-from launch.image_lock import PIN_KEYS, read_lock, resolve_image
-from launch.plan import Plan, plan_for
-from launch.settings import Settings, read_settings
+from launch.plan import Plan
 from smoke.bench import receipt as receipts
 from smoke.bench.cells import BenchError, RequestSettings
-from smoke.bench.client import Target
 from smoke.bench.session import (
     CELL_KINDS,
     MAX_CONCURRENCY,
@@ -34,6 +31,7 @@ from smoke.bench.session import (
 from smoke.client import Server
 from smoke.containers import connect, find_service_containers, logs_since_start
 from smoke.logparse import parse_lines
+from smoke.served import served
 
 NAME = "bench"
 CONTAINER_LOG = "container"
@@ -92,20 +90,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return p  # fmt: skip
 
 
-def image_record(source: str, settings: Settings) -> dict[str, Any]:
-    """Which image served the run (the same IMAGE and lock `configure` used)."""
-    try:
-        ref = resolve_image(source, settings.merged)
-    except UsageError:
-        ref = None
-    lock = read_lock()
-    return {
-        "ref": ref,
-        "source": source,
-        "source_lock": lock.get(PIN_KEYS[source].replace("_IMAGE", "_SOURCE_LOCK")) or None,
-    }
-
-
 def log_record(log: str | None, profile: str) -> dict[str, Any] | None:
     """The receipt's facts from the server log (a file, or the service's containers)."""
     if log is None:
@@ -140,16 +124,10 @@ def resumed(out: Path, plan: Plan) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = read_settings(args.sets)
-    if not (args.profile or settings.get("PROFILE")):
-        raise UsageError("--profile", None, "no profile given", "pass --profile or set PROFILE")
-    plan = plan_for(settings, args.profile)
-    url = args.url or settings.url(plan.profile.deployment.port)
-    api_key = args.api_key or settings.client_api_key()
-    try:
-        target = Target.from_url(url, api_key)
-    except ValueError as err:
-        raise UsageError("--url", url, str(err), "e.g. --url http://127.0.0.1:8000") from err
+    server_of = served(args.profile, args.sets, args.url, args.api_key)
+    settings, plan, url, api_key = (server_of.settings, server_of.plan, server_of.url,
+                                    server_of.api_key)  # fmt: skip
+    target = server_of.target
     options = BenchOptions(
         concurrency=tuple(args.concurrency), duration=args.duration, warmup=args.warmup,
         repeats=args.repeats, max_tokens=args.max_tokens, prefill_tokens=args.prefill_tokens,
@@ -166,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         receipt = receipts.new(
             plan.profile.name, now.isoformat(timespec="seconds"), plan.to_json(),
-            image_record(plan.profile.deployment.image, settings),
+            receipts.image_record(plan.profile.deployment.image, settings),
             log_record(args.log, plan.profile.name), dataclasses.asdict(options),
         )  # fmt: skip
     server = Server(url, plan.profile.engine.model_id, api_key, UNTIMED_TIMEOUT_S)

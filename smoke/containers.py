@@ -217,6 +217,25 @@ def restarts_of(container: Any) -> Restarts:
     return Restarts(container.name, count, root_cause(previous_start_lines(container)))
 
 
+RSS_KEYS = ("anon", "total_rss", "rss")
+"""A container's resident anonymous memory in the Engine API's `memory_stats.stats`: cgroup v2
+names it `anon`, cgroup v1 `total_rss` (with its children) or `rss`; none counts the page
+cache, which the kernel gives back and a weights load fills."""
+
+
+def rss_of_stats(stats: dict[str, Any]) -> int | None:
+    """The resident memory of one Engine API stats answer; None when it has none."""
+    inner = (stats.get("memory_stats") or {}).get("stats") or {}
+    return next((int(inner[key]) for key in RSS_KEYS if key in inner), None)
+
+
+def containers_rss(containers: list[Any]) -> int | None:
+    """The summed resident memory of the containers now (every process of the server:
+    the API server, the engine core and its workers); None when one has none."""
+    sizes = [rss_of_stats(c.stats(stream=False, one_shot=True)) for c in containers]
+    return None if any(size is None for size in sizes) else sum(s for s in sizes if s is not None)
+
+
 def logs_since_start(containers: list[Any]) -> list[str]:
     """What each container logged since its start, as lines (compose-prefixed when several)."""
     lines: list[str] = []

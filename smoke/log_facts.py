@@ -94,6 +94,8 @@ class FailedStart:
     start: int
     available_kv_cache_gib: float | None
     errors: tuple[str, ...]
+    engine_died: bool = False
+    """It ended when the running engine died (a crash after the start), not in its start."""
 
 
 @dataclass

@@ -177,7 +177,8 @@ class ServiceState:
         c = self.current
         if not c.failed:
             return []
-        return [FailedStart(self.starts, c.available_kv_cache_gib, tuple(c.errors))]
+        return [FailedStart(self.starts, c.available_kv_cache_gib, tuple(c.errors),
+                            c.engine_died)]  # fmt: skip
 
     def _archive(self) -> None:
         self.failed_starts += self._failure()

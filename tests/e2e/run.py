@@ -36,6 +36,7 @@ from tests.e2e.steps import (
     images,
     restart,
     serving,
+    soak,
     weights,
 )
 
@@ -62,6 +63,7 @@ STEPS: tuple[Step, ...] = (
     faults.KV_DOES_NOT_FIT,
     access.EVERY_ROUTE,
     clients.VANISHED,
+    soak.SOAK,
     faults.DOWN,
     images.CUDA_BASE,
     images.CUDA_BUILD,

@@ -10,6 +10,7 @@ import contextlib
 import json
 import re
 import secrets
+import time
 from collections.abc import Iterator
 
 import requests
@@ -96,14 +97,21 @@ def concrete(path: str) -> str:
     return re.sub(r"\{[^}]+\}", "x", path)
 
 
+PROBE_SECONDS: dict[tuple[str, str, bool], float] = {}
+"""How long each probe took, by (method, path, with a key): the step names the slowest."""
+
+
 def probe(method: str, path: str, key: str | None) -> int:
     """The status of one request, or 0 when the connection is refused or reset."""
     headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
+    start = time.monotonic()
     try:
         return requests.request(method, f"http://127.0.0.1:{HOST_PORT}{concrete(path)}",
                                 headers=headers, json={}, timeout=30).status_code  # fmt: skip
     except requests.RequestException:
         return 0
+    finally:
+        PROBE_SECONDS[(method, path, key is not None)] = time.monotonic() - start
 
 
 def every_route_behind_the_key(run: Run) -> str:
@@ -149,10 +157,14 @@ def every_route_behind_the_key(run: Run) -> str:
         raise StepFailed("make plan does not show the guard the server runs")
     documented = len(requests.get(f"http://127.0.0.1:{HOST_PORT}/openapi.json", timeout=30,
                                   headers={"Authorization": f"Bearer {key}"}).json()["paths"])
+    slowest = sorted(PROBE_SECONDS.items(), key=lambda item: -item[1])[:3]
+    timing = ", ".join(f"{m} {p}{' (key)' if keyed else ''} {t:.1f} s"
+                       for (m, p, keyed), t in slowest)  # fmt: skip
     return (f"healthy after {secs:.0f} s with a key; {len(probes)} (method, path) pairs of the "
             f"server's {len(routes)} routes ({documented} paths in /openapi.json): all 401 "
             f"without the key and with a wrong one but {sorted(OPEN_ROUTES)}; POST /invocations "
-            f"401; none refused with the key; the key in no docker inspect, log or plan")
+            f"401; none refused with the key; the key in no docker inspect, log or plan; "
+            f"slowest probes: {timing}")
 
 
 EVERY_ROUTE = Step("every route behind the API key", every_route_behind_the_key, (PIN,))

@@ -63,7 +63,9 @@ not narrow the spread: the clients' own CPU time is not what moves it. The CPU p
 is built so that a decode step is compute-bound (docker/tiny_model.py): with a 2 ms
 overhead-bound step, the server's speed moved by tens of percent between back-to-back runs of
 the same client."""
-DECODE_PROMPTS = DECODE_CONCURRENCY * 6
+DECODE_PROMPTS = DECODE_CONCURRENCY * 3
+"""Each `vllm bench serve` decode run: three rounds of four streams (about 14 s on the CPU
+engine, as long as a kit run's warm-up and window)."""
 PREFILL_TOKENS = 2048
 PREFILL_PAIRS = 3
 PREFILL_PER_RUN = 2
