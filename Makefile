@@ -50,10 +50,13 @@ $(KIT_STAMP): pyproject.toml
 lint: $(TEST_STAMP)
 	$(TEST_PY) -m ruff check launch smoke kvgeometry tests patches docker
 
-# The kit's tests (pristine vLLM where vLLM is used), then the patched planner's invariants,
-# then vLLM's own planner tests unpatched and patched (one process cannot import two vLLMs).
+# The kit's tests (pristine vLLM where vLLM is used) spread over TEST_WORKERS processes (more
+# than two cores: many tests wait on a server or a timeout; the Docker engine's tests go to one
+# worker, tests/conftest.py), then the patched planner's invariants, then vLLM's own planner
+# tests unpatched and patched side by side (one process cannot import two vLLMs).
+TEST_WORKERS ?= 4
 test: lint patched-vllm
-	$(CPU_ENV) $(TEST_PY) -m pytest
+	$(CPU_ENV) $(TEST_PY) -m pytest --numprocesses $(TEST_WORKERS) --dist loadgroup
 	$(CPU_ENV) KIT_PATCHED_VLLM=1 PYTHONPATH=$(PATCHED) $(TEST_PY) -m pytest tests/planner
 	$(CPU_ENV) $(TEST_PY) tests/upstream/run_upstream.py --patched $(PATCHED) --work $(TEST_VENV)/vllm-upstream
 

@@ -17,11 +17,11 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from launch.deviations import expect_key
 from launch.errors import UsageError
-from launch.feature_env import FEATURE_ENV, SPLIT_ENV, split_env
+from launch.feature_env import FEATURE_ENV, SPLIT_ENV, feature_env, split_env
 from launch.kv_offload import OFF
 from launch.profile import Profile
 from launch.vllm_install import VllmInstall
@@ -94,7 +94,8 @@ def _split_pages(p: Profile) -> list[Requirement]:
     env = split_env(p.features.split_pages)
     return [Requirement(
         "split_pages", "features.split_pages", "target/mamba block sizes",
-        f"vLLM must register {' and '.join(SPLIT_ENV)} (patches/vllm series, patch 2)",
+        f"vLLM must read {' and '.join(SPLIT_ENV)} (registered by the patches/vllm series, "
+        "patch 2; read straight from the environment by the qualified fork, #535)",
         "vLLM's automatic hybrid alignment, which promotes the target block",
         met=lambda v: v.env_problem(env) is None,
         drop=lambda q: _replace(q, split_pages=None),
@@ -248,6 +249,10 @@ class Resolution:
     profile: Profile
     checked_against: str | None  # "vLLM <version> at <path>", or None when no vLLM was found
     fallbacks: tuple[Requirement, ...]
+    unregistered: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Variables the run sets that this vLLM reads without registering them in envs.py -> the
+    modules reading each: its start warns "Unknown vLLM environment variable detected" for
+    them, which is expected (`VllmInstall.environ_readers`)."""
 
     @property
     def qualified(self) -> bool:
@@ -301,4 +306,4 @@ def resolve(p: Profile, install: VllmInstall | None) -> Resolution:
         )
     for req in missing:
         p = req.drop(p)
-    return Resolution(p, where, tuple(missing))
+    return Resolution(p, where, tuple(missing), install.unregistered(feature_env(p.features)))

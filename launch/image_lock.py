@@ -1,8 +1,9 @@
 """The image lock compose reads: which image each profile runs, always by digest.
 
 `compose/images.lock` is an env file holding one digest reference per image source: `KIT_IMAGE`
-(this kit's CUDA image, empty until `make pin`), `QUALIFIED_IMAGE` (the seed's qualified runtime)
-and `CPU_IMAGE` (the kit's CPU image), plus the bases the builds start from. A profile names its
+(this kit's CUDA image, empty until `make pin`), `QUALIFIED_IMAGE` (seed 000's qualified runtime),
+`QUALIFIED_SPLIT_IMAGE` (the published runtime qualified with seed 004's split pages) and
+`CPU_IMAGE` (the kit's CPU image), plus the bases the builds start from. A profile names its
 source in `deployment.image`. A tag is never accepted where a digest is required: tags move.
 A profile image may also be pinned by its local image ID (`sha256:<64 hex>`, `make pin LOCAL=1`):
 content-addressed like a digest, but it exists only on the engine that built it, so compose can
@@ -25,7 +26,12 @@ COMPOSE_DIR = Path(__file__).resolve().parent.parent / "compose"
 COMPOSE_FILE = COMPOSE_DIR / "compose.yaml"
 LOCK_VAR = "KIT_IMAGES_LOCK"
 """Names another lock file for every command (the e2e run and the tests pin into copies)."""
-SOURCES = {"kit": "KIT_IMAGE", "qualified": "QUALIFIED_IMAGE", "cpu": "CPU_IMAGE"}
+SOURCES = {
+    "kit": "KIT_IMAGE",
+    "qualified": "QUALIFIED_IMAGE",
+    "qualified-split": "QUALIFIED_SPLIT_IMAGE",
+    "cpu": "CPU_IMAGE",
+}
 """Image sources a profile can run (`deployment.image`) -> lock key."""
 BASES = {"cuda": "base", "cpu": "cpu-base"}
 """Image engine (docker/build.py --engine) -> the pin source of the base it is built from."""

@@ -34,6 +34,15 @@ class Plan:
     placement: tuple[Changed, ...] = ()
     image: str | None = None
     """Which image runs it (source, lock key, digest), when a lock is at hand."""
+    unregistered: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    """Variables it sets that the checked vLLM reads without registering (`Resolution`)."""
+
+    def expected_warnings(self) -> list[str]:
+        """What the start will warn that is expected, as the plan prints it."""
+        return [f"vLLM warns \"Unknown vLLM environment variable detected: {name}\": it reads "
+                f"{name} straight from the environment ({', '.join(modules)}) without "
+                "registering it in envs.py"
+                for name, modules in self.unregistered.items()]  # fmt: skip
 
     @property
     def qualified(self) -> bool:
@@ -49,6 +58,7 @@ class Plan:
             "placement": [str(c) for c in self.placement],
             "qualified": self.qualified,
             "checked_against": self.checked_against,
+            "expected_warnings": self.expected_warnings(),
             "image": self.image,
         }
 
@@ -67,7 +77,8 @@ def assemble(loaded: Loaded, resolution: Resolution) -> Plan:
     deviations += [NotChecked(k, v) for k, v in sorted(dropped.items())]
     p = dataclasses.replace(p, expect=drop_expectations(p.expect, dropped))
     return Plan(p, tuple(serve_argv(p)), serve_env(p), tuple(deviations),
-                resolution.checked_against, loaded.placement)  # fmt: skip
+                resolution.checked_against, loaded.placement,
+                unregistered=resolution.unregistered)  # fmt: skip
 
 
 def plan_for(settings: Settings, profile: str | None = None,

@@ -88,6 +88,7 @@ def plan_header(plan: Plan) -> list[str]:
         lines.append(f"# image: {plan.image}")
     if plan.checked_against:
         lines.append(f"# capabilities checked against {plan.checked_against}")
+        lines += [f"# expected at start: {w}" for w in plan.expected_warnings()]
     else:
         lines.append("# capabilities not checked: no vLLM here (`launch run` checks in the image)")
     if plan.qualified:

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -47,16 +48,40 @@ class VllmInstall:
         return registrations.env_table(self._read("envs.py"))
 
     def env_problem(self, wanted: dict[str, str]) -> str | None:
-        """Why setting `wanted` would not take effect here, or None when vLLM registers each name
-        (and lists the value among the name's choices, where it declares choices)."""
-        missing = [name for name in wanted if name not in self.env_vars]
+        """Why setting `wanted` would not take effect here, or None when some code of this vLLM
+        reads each name: envs.py registers it (and lists the value among its choices, where it
+        declares choices), or a module reads it straight from the environment
+        (`environ_readers`; the qualified fork reads its split-page sizes that way)."""
+        missing = [n for n in wanted if n not in self.env_vars and n not in self.environ_readers]
         if missing:
-            return f"envs.py does not register {', '.join(missing)}"
+            return (f"envs.py does not register {', '.join(missing)} and no module reads "
+                    f"{'it' if len(missing) == 1 else 'them'} from the environment")  # fmt: skip
         for name, value in wanted.items():
-            choices = self.env_vars[name]
+            choices = self.env_vars.get(name)
             if choices is not None and value not in choices:
                 return f"envs.py gives {name} the choices {', '.join(choices)}, not {value}"
         return None
+
+    @cached_property
+    def environ_readers(self) -> dict[str, tuple[str, ...]]:
+        """Names some module reads straight from the process environment (`os.getenv`,
+        `os.environ`) -> those modules. A name envs.py does not register but a module reads is
+        honoured too; vLLM's start then warns "Unknown vLLM environment variable detected" for it
+        if it is a `VLLM_*` name (`Platform.validate_environ`): expected, not a typo."""
+        found: dict[str, list[str]] = {}
+        for path in sorted(self.root.rglob("*.py")):
+            text = path.read_text(encoding="utf-8", errors="replace")
+            if "getenv" not in text and "environ" not in text:  # only these can: parse just them
+                continue
+            for name in registrations.environ_reads(text):
+                found.setdefault(name, []).append(path.relative_to(self.root).as_posix())
+        return {name: tuple(paths) for name, paths in found.items()}
+
+    def unregistered(self, wanted: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        """Of the `wanted` names, those envs.py does not register but a module reads, with the
+        modules: the names vLLM will warn about at start."""
+        return {n: self.environ_readers[n] for n in wanted
+                if n not in self.env_vars and n in self.environ_readers}  # fmt: skip
 
     @cached_property
     def attention_backends(self) -> frozenset[str]:

@@ -166,3 +166,22 @@ def mapping_keys_read(source: str, mapping: str = "additional_config") -> frozen
         ):
             keys.add(node.left.value)
     return frozenset(keys)
+
+
+def environ_reads(source: str) -> frozenset[str]:
+    """Names the code reads straight from the process environment, without envs.py:
+    `os.getenv("N")` (or a bare `getenv`), `os.environ.get("N")`, `os.environ["N"]` and
+    `"N" in os.environ`. vLLM honours such a name as much as a registered one, but its start-up
+    check (`Platform.validate_environ`) warns "Unknown vLLM environment variable detected" for
+    every `VLLM_*` name envs.py does not register."""
+    names = set(mapping_keys_read(source, "environ"))
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Call)
+            and _ends_in(node.func, "getenv")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            names.add(node.args[0].value)
+    return frozenset(names)

@@ -23,6 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from launch import docker_api
 from launch.docker_api import engine_errors
@@ -61,6 +62,39 @@ def find_service_containers(client: Any, profile: str, project: str = PROJECT) -
             "`docker compose up -d` in compose/), or give the server log with LOG=FILE",
         )
     return sorted(mine, key=lambda c: c.labels.get("com.docker.compose.service", ""))
+
+
+def published_ports(client: Any, project: str = PROJECT) -> set[int]:
+    """The host ports the project's running containers publish (the vLLM service, or the router
+    in front of the replicas)."""
+    label = f"com.docker.compose.project={project}"
+    ports: set[int] = set()
+    for c in client.containers.list(filters={"label": label}):
+        for bindings in (c.attrs.get("NetworkSettings", {}).get("Ports") or {}).values():
+            ports.update(int(b["HostPort"]) for b in bindings or () if b.get("HostPort"))
+    return ports
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def serving_containers(client: Any, profile: str, url: str) -> list[Any]:
+    """The service's vLLM containers when they are the server at `url`: a loopback URL whose
+    port the compose project publishes. A server elsewhere (another host, a test double, a
+    `vllm serve` by hand) is not theirs to describe: that is a usage error, as a missing
+    container is in `find_service_containers`."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    ports = published_ports(client) if parts.hostname in LOOPBACK else set()
+    if port not in ports:
+        raise UsageError(
+            "--url", url,
+            f"is not a port compose project {PROJECT} publishes on this host"
+            + (f" ({', '.join(map(str, sorted(ports)))})" if ports else ""),
+            "point --url at the compose service (http://127.0.0.1:HOST_PORT) to read its "
+            "containers",
+        )  # fmt: skip
+    return find_service_containers(client, profile)
 
 
 @dataclass(frozen=True)

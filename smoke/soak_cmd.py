@@ -25,7 +25,7 @@ from smoke.bench.cells import BenchError, RequestSettings, metrics_text
 from smoke.bench.metrics import gauge_values
 from smoke.bench.session import MAX_CONCURRENCY
 from smoke.client import Server
-from smoke.containers import connect, containers_rss, find_service_containers
+from smoke.containers import connect, containers_rss, serving_containers
 from smoke.served import served
 from smoke.soak import (
     PROCESS_RSS,
@@ -135,10 +135,11 @@ def options_for(
 
 def rss_reader(profile: str, server: Server) -> tuple[RssReader, str]:
     """How the server's memory is read, and the words the receipt uses for it: the compose
-    service's containers through the Docker Engine API (every process of the server), else the
-    API server process alone from /metrics (a server this host's engine does not run)."""
+    service's containers through the Docker Engine API (every process of the server) when the
+    URL is the port the compose project publishes, else the API server process alone from
+    /metrics (a server this host's engine does not run)."""
     try:
-        containers = find_service_containers(connect(), profile)
+        containers = serving_containers(connect(), profile, server.base_url)
     except UsageError as err:
         why = err.rule
 

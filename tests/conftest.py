@@ -88,6 +88,12 @@ def plan_of(name: str, environ: Mapping[str, str] | None = None, sets: Sequence[
 # (`make test` sets KIT_PATCHED_VLLM and PYTHONPATH); one process cannot import two vLLMs.
 collect_ignore = [] if os.environ.get("KIT_PATCHED_VLLM") else ["planner"]
 
+DOCKER_ENGINE = pytest.mark.xdist_group("docker-engine")
+"""For a module whose tests change what the one Docker engine holds (volumes of the compose
+project, image builds, registry pushes). `make test` spreads the tests over the cores
+(pytest-xdist, `--dist loadgroup`: one test at a time to whichever worker is free); the tests of
+this group go to one worker, one after another, the way a user's engine sees them."""
+
 
 def vllm_format(rel: str, start: str) -> str:
     """The %-format string of a vLLM 0.33.0 log call that begins with `start`, read from the

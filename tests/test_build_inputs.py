@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import DOCKER_ENGINE
 from tests.e2e.harness import Run, StepFailed
 from tests.e2e.steps import images
 from tests.e2e.steps.images import build_inputs_in_layers
+
+pytestmark = DOCKER_ENGINE  # real image builds
 
 
 @pytest.mark.parametrize("source", ["overlay2 layer directories", "docker save"])

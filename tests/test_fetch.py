@@ -31,7 +31,10 @@ from launch.weights import (
     too_big,
     weight_repos,
 )
+from tests.conftest import DOCKER_ENGINE
 from tests.hub_standin import HubRepo, HubStandin, flipped
+
+pytestmark = DOCKER_ENGINE  # compose makes and removes volumes of the glm53 project
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 COMMIT = "520de24eabf507659eaef7c70f14fd584527facc"

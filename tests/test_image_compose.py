@@ -203,6 +203,7 @@ def test_up_refuses_a_lock_without_a_digest(capsys, monkeypatch):
     from launch.__main__ import main
 
     monkeypatch.delenv("IMAGE", raising=False)
+    monkeypatch.setenv("IMAGE_SOURCE", "kit")  # mtp3 on the kit's own image, not pinned yet
     assert read_lock()["KIT_IMAGE"] == ""
     assert main(["up", "mtp3-tp4-split", "--dry-run"]) == 2
     err = capsys.readouterr().err

@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import REPO, free_port, wait_http_ok
+from tests.conftest import DOCKER_ENGINE, REPO, free_port, wait_http_ok
+
+pytestmark = DOCKER_ENGINE  # real image builds, pushes and logins
 
 
 def serve_registry(tmp_path: Path, auth: str = "") -> Iterator[str]:

@@ -189,13 +189,13 @@ def test_gpu_devices_override_is_shown_reaches_the_environment_and_stays_qualifi
 def test_compose_placement_keeps_a_start_qualified_but_the_image_source_does_not():
     compose = plan("mtp3-tp4-split", {"GPUS_FROM_RUNTIME": "1", "PORT": "9000"})
     assert compose.qualified and len(compose.placement) == 2
-    swapped = plan("mtp3-tp4-split", {"IMAGE_SOURCE": "qualified"})
+    swapped = plan("mtp3-tp4-split", {"IMAGE_SOURCE": "kit"})
     assert not swapped.qualified
     assert swapped.deviations == (
-        Changed("deployment.image", "kit", "qualified", "environment IMAGE_SOURCE"),
+        Changed("deployment.image", "qualified-split", "kit", "environment IMAGE_SOURCE"),
     )
     assert str(swapped.deviations[0]) == (
-        "deployment.image: kit -> qualified (from environment IMAGE_SOURCE)")
+        "deployment.image: qualified-split -> kit (from environment IMAGE_SOURCE)")
 
 
 def test_engine_override_drops_the_capacity_expectations_it_invalidates():

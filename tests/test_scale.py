@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -114,8 +115,13 @@ def test_k8s_manifests_validate_and_carry_gpus_digest_probes_secret(
 def replicas_config(capsys, monkeypatch, profile: str, *argv: str) -> dict:
     """`render --format compose` for `profile`, resolved by the real Compose binary."""
     text = render(capsys, monkeypatch, profile, "--format", "compose", *argv)
-    path = Path(__file__).resolve().parent.parent / "compose" / "replicas.test.yaml"
-    path.write_text(text)
+    # in compose/ (the document's relative paths start there), a name of its own per test: the
+    # tests run side by side (`make test`)
+    compose_dir = Path(__file__).resolve().parent.parent / "compose"
+    with tempfile.NamedTemporaryFile("w", dir=compose_dir, prefix="replicas.test.",
+                                     suffix=".yaml", delete=False) as fh:  # fmt: skip
+        fh.write(text)
+    path = Path(fh.name)
     try:
         result = compose_config({**runtime_env(profile), "IMAGE": DIGEST,
                                  "ROUTER_IMAGE": ROUTER_DIGEST}, path)  # fmt: skip

@@ -55,7 +55,8 @@ def test_image_from_compose_env_reaches_configure_render_and_the_plan(env_file):
     pods = [d for d in yaml.safe_load_all(k8s.stdout) if d and d.get("kind") == "StatefulSet"]
     assert pods and pods[0]["spec"]["template"]["spec"]["containers"][0]["image"] == OTHER_IMAGE
     plan = json.loads(launch("render", "mtp3-tp4-split", "--json").stdout)
-    assert plan["image"] == f"kit (IMAGE from the environment or compose/.env): {OTHER_IMAGE}"
+    assert plan["image"] == (
+        f"qualified-split (IMAGE from the environment or compose/.env): {OTHER_IMAGE}")
 
 
 def test_doctor_checks_the_host_port_compose_will_publish(env_file):

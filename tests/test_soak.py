@@ -140,3 +140,45 @@ def test_verdict_measures_rss_from_the_end_of_the_first_interval():
 def test_quantiles():
     assert quantile([], 0.5) is None and quantile([3.0], 0.99) == 3.0
     assert quantile([float(i) for i in range(1, 102)], 0.5) == 51.0
+
+
+class _Container:
+    """What `serving_containers` reads of a container, in the Docker SDK's shapes (attrs as the
+    Engine API's inspect returns them); a stand-in so that the rule is tested without a server
+    of the project running (the real engine's path is the e2e soak step's)."""
+
+    def __init__(self, service: str, profile: str, host_port: str | None) -> None:
+        ports = {"8000/tcp": [{"HostIp": "127.0.0.1", "HostPort": host_port}] if host_port
+                 else None}  # fmt: skip
+        self.labels = {"com.docker.compose.service": service}
+        self.attrs = {"Config": {"Cmd": [profile]}, "NetworkSettings": {"Ports": ports}}
+
+
+class _Client:
+    def __init__(self, *containers: _Container) -> None:
+        self.containers = self
+        self.found = list(containers)
+
+    def list(self, all: bool = False, filters: dict[str, str] | None = None) -> list[_Container]:
+        return self.found
+
+
+def test_the_soak_reads_containers_only_for_the_port_the_project_publishes():
+    """A soak of a server at another port (a test double, a second server) must not report the
+    memory of whatever glm53 container happens to run on this host (it once did: `make test`
+    failed while `make e2e` served on the same engine)."""
+    from launch.errors import UsageError
+    from smoke.containers import serving_containers
+
+    client = _Client(_Container("vllm", "cpu-tiny", "8000"))
+    assert serving_containers(client, "cpu-tiny", "http://127.0.0.1:8000") == client.found
+    assert serving_containers(client, "cpu-tiny", "http://localhost:8000/") == client.found
+    for url in ("http://127.0.0.1:39441", "http://10.1.2.3:8000", "http://127.0.0.1"):
+        with pytest.raises(UsageError) as err:
+            serving_containers(client, "cpu-tiny", url)
+        assert "is not a port compose project glm53 publishes on this host" in str(err.value)
+    # scaled out: the router publishes the port, the replicas are what is measured
+    router = _Client(_Container("router", "", "8000"), _Container("vllm-0", "cpu-tiny", "8001"),
+                     _Container("vllm-1", "cpu-tiny", "8002"))  # fmt: skip
+    found = serving_containers(router, "cpu-tiny", "http://127.0.0.1:8000")
+    assert [c.labels["com.docker.compose.service"] for c in found] == ["vllm-0", "vllm-1"]

@@ -102,3 +102,81 @@ def test_a_registered_name_without_the_value_refuses_naming_the_choices(tmp_path
     assert "features.b12x_pcie_allreduce=true: vLLM must register VLLM_ENABLE_PCIE_ALLREDUCE=1 " \
         "and VLLM_PCIE_ALLREDUCE_BACKEND=b12x (envs.py gives VLLM_PCIE_ALLREDUCE_BACKEND the " \
         "choices cpp, not b12x)" in message
+
+
+def test_names_vllm_033_reads_without_registering_are_found_where_they_are_read():
+    """vLLM 0.33.0's own source reads a few `VLLM_*` names straight from the environment without
+    registering them in envs.py (its start warns "Unknown vLLM environment variable detected" for
+    each that is set): the reader finds them in the modules that read them, and a registered name
+    is not among the unregistered."""
+    install = find_vllm(UPSTREAM)
+    readers = install.environ_readers
+    assert "VLLM_SNAPSHOT_TIMEOUT_S" not in vllm.envs.environment_variables
+    assert readers["VLLM_SNAPSHOT_TIMEOUT_S"] == ("snapshot/runtime.py",)  # os.environ.get
+    assert set(readers["VLLM_CPU_SIM_MULTI_NUMA"]) == {  # .get, and `in os.environ`
+        "utils/ompmultiprocessing.py", "utils/cpu_resource_utils.py"}
+    assert install.unregistered(["VLLM_SNAPSHOT_TIMEOUT_S", "VLLM_USE_V2_MODEL_RUNNER"]) == {
+        "VLLM_SNAPSHOT_TIMEOUT_S": ("snapshot/runtime.py",)}
+    source = ('import os\nfrom os import getenv\nos.environ["WRITTEN"] = "1"\n'
+              'NAME = "ONLY_A_STRING"\na = getenv("BARE")\n'
+              'b = os.environ["INDEXED"]\n')  # fmt: skip
+    assert reg.environ_reads(source) == {"BARE", "INDEXED"}
+
+
+SPLIT_READS = {
+    # Where #535 reads the split-page sizes (seed 004: the change touches
+    # tests/v1/core/test_kv_cache_utils.py, vllm/platforms/interface.py and
+    # vllm/v1/core/kv_cache_utils.py, not envs.py). The kv_cache_utils read is the fork's line as
+    # public notes on the fork's image quote it (`os.getenv("VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE")
+    # is not None and contains_glm5_next_mla`); the platform's validation is written here the same
+    # way (a stand-in: the fork's interface.py is not public at that commit).
+    "v1/core/kv_cache_utils.py": (
+        "import os\n\n\ndef c4_stride_unit(contains_glm5_next_mla):\n"
+        '    if (\n        os.getenv("VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE") is not None\n'
+        "        and contains_glm5_next_mla\n    ):\n        return 64 * 132\n    return 1\n"
+    ),
+    "platforms/interface.py": (
+        "import os\n\n\ndef split_block_sizes():\n"
+        '    target = os.getenv("VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE")\n'
+        '    mamba = os.getenv("VLLM_GLM53_SPLIT_MAMBA_BLOCK_SIZE", target)\n'
+        "    return target, mamba\n"
+    ),
+}  # fmt: skip
+
+
+def test_mtp3_plans_on_a_runtime_that_reads_the_split_sizes_without_registering_them(tmp_path):
+    """The published runtime mtp3 runs (compose/images.lock QUALIFIED_SPLIT_IMAGE) registers the
+    fork's knobs but reads #535's split-page sizes straight from the environment: the profile
+    plans there with no fallback and every expectation kept, and the plan says which start-up
+    warnings to expect. Before, the check wanted envs.py to register them and refused."""
+    split = ("VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE", "VLLM_GLM53_SPLIT_MAMBA_BLOCK_SIZE")
+    env = {k: v for k, v in FORK_REGISTRATIONS.items() if k not in split}
+    root = registration_tree(tmp_path / "vllm", env, ("B12X_MLA_SPARSE",),
+                             ("glm53_kda_decode_backend",))  # fmt: skip
+    for rel, text in SPLIT_READS.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    from launch.plan import assemble
+
+    loaded = load("mtp3-tp4-split")
+    plan = assemble(loaded, resolve(loaded.profile, find_vllm(root)))
+    assert plan.qualified and plan.profile.expect == loaded.profile.expect
+    assert plan.env["VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE"] == "512"
+    assert plan.expected_warnings() == [
+        'vLLM warns "Unknown vLLM environment variable detected: '
+        'VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE": it reads VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE '
+        "straight from the environment (platforms/interface.py, v1/core/kv_cache_utils.py) "
+        "without registering it in envs.py",
+        'vLLM warns "Unknown vLLM environment variable detected: '
+        'VLLM_GLM53_SPLIT_MAMBA_BLOCK_SIZE": it reads VLLM_GLM53_SPLIT_MAMBA_BLOCK_SIZE '
+        "straight from the environment (platforms/interface.py) without registering it in "
+        "envs.py",
+    ]
+    # with neither the registration nor the reads, the split pages are refused as before
+    for rel in SPLIT_READS:
+        (root / rel).unlink()
+    with pytest.raises(UsageError) as refused:
+        resolve(load("mtp3-tp4-split").profile, find_vllm(root))
+    assert ("envs.py does not register VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE, "
+            "VLLM_GLM53_SPLIT_MAMBA_BLOCK_SIZE and no module reads them from the environment"
+            in str(refused.value))  # fmt: skip

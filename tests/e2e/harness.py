@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,7 +28,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from launch.compose_env import DEFAULT_ENV_PATH  # noqa: E402
-from launch.image_lock import COMPOSE_DIR, read_lock  # noqa: E402
+from launch.image_lock import COMPOSE_DIR, LOCK_VAR, read_lock, write_lock  # noqa: E402
 from smoke.bench.metrics import parse_counter  # noqa: E402
 from smoke.containers import restarting  # noqa: E402
 
@@ -84,6 +86,8 @@ class Run:
     env: dict[str, str]
     state: RunState = field(default_factory=RunState)
     results: dict[str, tuple[bool, str, float]] = field(default_factory=dict)
+    log_lock: threading.Lock = field(default_factory=threading.Lock)
+    """commands.log is written by a lane running beside the main one too (`Beside`)."""
 
     @property
     def lock(self) -> dict[str, str]:
@@ -94,7 +98,7 @@ class Run:
         """Run a command, keep its output in the work directory, fail the step on error."""
         result = subprocess.run(argv, cwd=cwd, env={**self.env, **(env or {})}, text=True,
                                 capture_output=True, timeout=timeout, check=False)  # fmt: skip
-        with (self.work / "commands.log").open("a", encoding="utf-8") as fh:
+        with self.log_lock, (self.work / "commands.log").open("a", encoding="utf-8") as fh:
             fh.write(f"$ {' '.join(argv)}  (cwd {cwd}, exit {result.returncode})\n")
             fh.write(result.stdout + result.stderr + "\n")
         if check and result.returncode != 0:
@@ -121,6 +125,50 @@ class Run:
         self.results[step.name] = (ok, detail, secs)
         print(f"{'PASS' if ok else 'FAIL'} {step.name}: {detail} ({secs:.0f} s)", flush=True)
         return ok
+
+
+@dataclass
+class Beside:
+    """Steps that run in a thread beside the main lane, in their own order: the CUDA image lane
+    builds while the CPU image builds (each waits mostly on downloads and keeps one core busy),
+    so a run pays for the longer of the two instead of both. Its steps touch no file the main
+    lane writes: they pin into their own copy of the image lock, which `join` carries over.
+    Each step prints its line when it ends, as the main lane's do; `join` (a step of the main
+    lane) waits for the last one and hands the results and pins to the main run."""
+
+    steps: tuple[Step, ...]
+    child: Run | None = None
+    thread: threading.Thread | None = None
+
+    def start(self, run: Run) -> str:
+        lock = run.work / "images.beside.lock"
+        shutil.copy2(run.env[LOCK_VAR], lock)
+        # what the main lane has done so far counts for the lane's own `needs`
+        self.child = Run(run.work, {**run.env, LOCK_VAR: str(lock)}, run.state,
+                         dict(run.results), log_lock=run.log_lock)  # fmt: skip
+        child = self.child
+
+        def lane() -> None:
+            for step in self.steps:
+                child.step(step)
+
+        self.thread = threading.Thread(target=lane, name="beside", daemon=True)
+        self.thread.start()
+        return "started: " + "; ".join(step.name for step in self.steps)
+
+    def join(self, run: Run) -> str:
+        if self.thread is None or self.child is None:
+            raise StepFailed("the lane beside was never started")
+        start = time.monotonic()
+        self.thread.join()
+        mine = {s.name: self.child.results[s.name] for s in self.steps}
+        run.results.update(mine)
+        pins = {k: v for k, v in self.child.lock.items() if run.lock.get(k) != v}
+        if pins:
+            write_lock(pins, Path(run.env[LOCK_VAR]))
+        passed = sum(ok for ok, _, _ in mine.values())
+        return (f"{passed} of {len(self.steps)} passed, waited {time.monotonic() - start:.0f} s; "
+                f"pinned {', '.join(sorted(pins)) or 'nothing'}")
 
 
 def compose(run: Run, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:

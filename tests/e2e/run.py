@@ -42,12 +42,14 @@ from tests.e2e.steps import (
 
 STEPS: tuple[Step, ...] = (
     images.ENGINE,
+    images.CUDA_START,  # base, build, layers, self-check, pin: beside the CPU image lane
     images.CPU_BASE,
     images.CPU_BUILD,
     images.CPU_LAYERS,
     images.PUSH,
     images.PIN,
     images.REMOVE_LOCAL,
+    images.CUDA_JOIN,
     serving.COMPOSE_UP,
     serving.HEALTHY,
     serving.NON_ROOT,
@@ -65,11 +67,6 @@ STEPS: tuple[Step, ...] = (
     clients.VANISHED,
     soak.SOAK,
     faults.DOWN,
-    images.CUDA_BASE,
-    images.CUDA_BUILD,
-    images.CUDA_LAYERS,
-    images.CUDA_SELFCHECK,
-    images.CUDA_PIN,
     images.CUDA_COMPOSE,
     images.REMOVE_IMAGES,
 )

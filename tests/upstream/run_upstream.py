@@ -21,6 +21,7 @@ import sys
 import tarfile
 import tempfile
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 SDIST = "vllm-0.33.0.tar.gz"
@@ -96,9 +97,8 @@ def deselected() -> list[str]:
 
 
 def run(src: Path, pythonpath: list[Path], report: Path, cache: Path) -> tuple[set[str], set[str]]:
-    """(passed, not passed) node ids of one pytest run."""
-    ini = src / "pytest.ini"  # keeps the kit's own pytest settings out of this run
-    ini.write_text("[pytest]\n", encoding="utf-8")
+    """(passed, not passed) node ids of one pytest run (src/pytest.ini written by `main`)."""
+    ini = src / "pytest.ini"
     args = [sys.executable, "-m", "pytest", "-q", "--noconftest", "-p", "no:cacheprovider",
             "-c", str(ini), "--rootdir", str(src), f"--junitxml={report}", *TEST_FILES]  # fmt: skip
     for node in deselected():
@@ -129,9 +129,14 @@ def main() -> int:
     work = args.work.resolve()
     src = extract(fetch_sdist(), work)
     cache = hf_cache(work)
-    pristine_pass, pristine_other = run(src, [src], work / "pristine.xml", cache)
-    patched_pass, patched_other = run(src, [args.patched.resolve(), src], work / "patched.xml",
-                                      cache)  # fmt: skip
+    # keeps the kit's own pytest settings out of both runs
+    (src / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
+    # the two runs are separate processes reading the same files: run them side by side
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        pristine = pool.submit(run, src, [src], work / "pristine.xml", cache)
+        patched = pool.submit(run, src, [args.patched.resolve(), src], work / "patched.xml", cache)
+        (pristine_pass, pristine_other), (patched_pass, patched_other) = (
+            pristine.result(), patched.result())  # fmt: skip
     print(
         f"vLLM 0.33.0 planner tests ({', '.join(TEST_FILES)}), {len(deselected())} deselected "
         "by name (tests/upstream/deselected.txt)"

@@ -24,6 +24,7 @@ import requests
 from tests.e2e.harness import (
     REGISTRY,
     REPO,
+    Beside,
     Run,
     Step,
     StepFailed,
@@ -246,7 +247,8 @@ def rendered_service(run: Run, profile: str, env: dict[str, str] | None = None) 
 
 def cuda_compose(run: Run) -> str:
     """`docker compose config` of both GLM profiles against the pinned CUDA image, with the GPU
-    reservation; the qualified image of dflash-tp4-dcp4 gets the geometry plugin mounted."""
+    reservation; then each on its qualified runtime (which does not contain the kit) with the
+    launcher and the geometry plugin mounted."""
     seen = []
     for profile in GLM_PROFILES:
         service = rendered_service(run, profile, {"IMAGE_SOURCE": "kit"})
@@ -256,12 +258,18 @@ def cuda_compose(run: Run) -> str:
         if devices != [{"driver": "nvidia", "device_ids": ["0,1,2,3"], "capabilities": ["gpu"]}]:
             raise StepFailed(f"{profile}: GPU reservation {devices}")
         seen.append(f"{profile} on {service['image'][:19]} with {devices[0]['driver']} GPUs")
-    qualified = rendered_service(run, "dflash-tp4-dcp4")
-    targets = {v["target"]: v["source"] for v in qualified["volumes"] if v["type"] == "bind"}
-    if targets.get("/opt/kit/kvgeometry") != str(REPO / "kvgeometry"):
-        raise StepFailed(f"the qualified image does not get the plugin: binds {targets}")
-    return "; ".join(seen) + f"; dflash-tp4-dcp4 on {qualified['image'].split('@')[0]} mounts " \
-        "launch/ and kvgeometry/ at /opt/kit"
+    for profile, key in (("dflash-tp4-dcp4", "QUALIFIED_IMAGE"),
+                         ("mtp3-tp4-split", "QUALIFIED_SPLIT_IMAGE")):  # fmt: skip
+        qualified = rendered_service(run, profile)
+        if qualified["image"] != run.lock[key]:
+            raise StepFailed(f"{profile}: image {qualified['image']}, not {key}")
+        binds = {v["target"]: v["source"] for v in qualified["volumes"] if v["type"] == "bind"}
+        if binds.get("/opt/kit/kvgeometry") != str(REPO / "kvgeometry") or \
+                binds.get("/opt/kit/launch") != str(REPO / "launch"):
+            raise StepFailed(f"{profile}: its qualified image does not get the kit: binds {binds}")
+        seen.append(f"{profile} on {key} {qualified['image'][:36]}... mounts launch/ and "
+                    "kvgeometry/ at /opt/kit")  # fmt: skip
+    return "; ".join(seen)
 
 
 def remove_images(run: Run) -> str:
@@ -303,5 +311,8 @@ CUDA_LAYERS = Step("no build input in any layer (CUDA image)", lambda r: layers(
 CUDA_SELFCHECK = Step("CUDA image self-check in a container, no GPU", cuda_selfcheck,
                       (CUDA_BUILD,))  # fmt: skip
 CUDA_PIN = Step("make pin LOCAL=1 (CUDA image)", cuda_pin, (CUDA_BUILD,))
+CUDA_LANE = Beside((CUDA_BASE, CUDA_BUILD, CUDA_LAYERS, CUDA_SELFCHECK, CUDA_PIN))
+CUDA_START = Step("the CUDA image lane starts beside the CPU image's", CUDA_LANE.start, (ENGINE,))
+CUDA_JOIN = Step("the CUDA image lane is done", CUDA_LANE.join, (CUDA_START,))
 CUDA_COMPOSE = Step("docker compose config of both GLM profiles", cuda_compose, (CUDA_PIN,))
 REMOVE_IMAGES = Step("remove every image and volume the run made", remove_images, (ENGINE,))
