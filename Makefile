@@ -14,7 +14,7 @@ PRISTINE_VLLM = $(shell $(TEST_PY) -c 'import importlib.util as u; print(u.find_
 PATCHED := $(TEST_VENV)/vllm-patched
 
 .PHONY: help test lint plan configure doctor fetch up down logs pin build build-cpu smoke bench compare \
-	soak bench-client patched-vllm patches-report lock e2e
+	soak top bench-client patched-vllm patches-report lock e2e
 
 help:
 	@echo "make test                 build the CPU test environment and run every test"
@@ -29,6 +29,7 @@ help:
 	@echo "make bench PROFILE=name   qualification bench against a started server (receipt in results/)"
 	@echo "make compare A=a.json B=b.json   the seed-style A/B table of two receipts"
 	@echo "make soak PROFILE=name DURATION=30m   mixed load on a started server, a line per minute"
+	@echo "make top PROFILE=name     the started server, a line per 2 s from its /metrics"
 	@echo "make bench-client         the bench client's own speed against vLLM's client"
 
 # The Makefile is a prerequisite too: the torch and vLLM pins below live here.
@@ -77,7 +78,7 @@ plan: $(KIT_STAMP)
 REPLICAS ?=
 configure: $(KIT_STAMP)
 	@test -n "$(PROFILE)" || { echo "usage: make configure PROFILE=<name> [REPLICAS=N]"; exit 2; }
-	$(KIT_PY) -m launch configure $(PROFILE) $(if $(REPLICAS),--replicas $(REPLICAS))
+	$(KIT_PY) -m launch configure $(PROFILE) $(if $(REPLICAS),--replicas $(REPLICAS)) $(if $(MONITORING),--monitoring)
 
 # The profile's model (and draft) at their pinned revisions into the weights volume, verified,
 # through compose's `fetch` service (the profile's image); run again to resume. CHECK=1 only asks
@@ -95,7 +96,7 @@ doctor: $(KIT_STAMP)
 
 up: $(KIT_STAMP)
 	@test -n "$(PROFILE)" || { echo "usage: make up PROFILE=<name>"; exit 2; }
-	$(KIT_PY) -m launch up $(PROFILE) $(if $(REPLICAS),--replicas $(REPLICAS))
+	$(KIT_PY) -m launch up $(PROFILE) $(if $(REPLICAS),--replicas $(REPLICAS)) $(if $(MONITORING),--monitoring)
 
 down:
 	cd compose && docker compose down
@@ -158,6 +159,11 @@ SOAK_ARGS ?=
 soak: $(KIT_STAMP)
 	@test -n "$(PROFILE)" -a -n "$(DURATION)" || { echo "usage: make soak PROFILE=<name> DURATION=30m [URL=...] [SOAK_ARGS=...]"; exit 2; }
 	$(KIT_PY) -m smoke soak --profile $(PROFILE) --duration $(DURATION) $(if $(URL),--url $(URL)) $(SOAK_ARGS)
+
+# `make top PROFILE=name` (or $PROFILE from compose/.env): a line per 2 s from the server's
+# /metrics until Ctrl-C; TOP_ARGS="--once --json" for one machine-readable interval.
+top: $(KIT_STAMP)
+	$(KIT_PY) -m smoke top $(if $(PROFILE),--profile $(PROFILE)) $(if $(URL),--url $(URL)) $(TOP_ARGS)
 
 compare: $(KIT_STAMP)
 	@test -n "$(A)" -a -n "$(B)" || { echo "usage: make compare A=control.json B=candidate.json"; exit 2; }

@@ -12,6 +12,8 @@ an image, and the tag is pushed so it can be pinned by digest like every image.
           too old for CUDA 13.0 is refused at container start with the toolkit's own message) and
           where the toolkit will be (CUDA_HOME, its bin on PATH, LIBRARY_PATH at the link-time
           libcuda stub). The CPU base carries none of it.
+    prometheus  Debian 13's Prometheus for the monitoring compose profile (`make up
+          MONITORING=1`), as its package runs it: user prometheus, data in /var/lib/prometheus.
 
     python docker/debian_base.py --engine cuda --tag 127.0.0.1:5000/glm53/debian:trixie [--push]
 """
@@ -38,6 +40,10 @@ class Base:
     packages: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()
     """ENV lines written into the image config at import."""
+    config: tuple[str, ...] = ()
+    """Further image config at import (`docker import --change`: USER, ENTRYPOINT, ...)."""
+    customize: tuple[str, ...] = ()
+    """mmdebstrap --customize-hook commands, run on the finished tree ("$1" is its root)."""
 
     def mirrors(self) -> tuple[str, ...]:
         return (
@@ -61,6 +67,15 @@ BASES = {
             ("LIBRARY_PATH", f"{CUDA_HOME}/lib64/stubs"),
         ),
     ),
+    # Not a base: the monitoring profile's Prometheus, Debian 13's own package (2.53), run as the
+    # package's unprivileged user with its data in the package's data directory (a volume).
+    "prometheus": Base(
+        "trixie",
+        ("prometheus",),
+        config=("USER prometheus", "WORKDIR /var/lib/prometheus",
+                'ENTRYPOINT ["/usr/bin/prometheus"]', "EXPOSE 9090"),
+        customize=('chroot "$1" chown prometheus:prometheus /var/lib/prometheus',),
+    ),
 }
 
 
@@ -74,13 +89,15 @@ def make_base(base: Base, tag: str, push: bool) -> str:
                 "--quiet",
                 "--variant=minbase",
                 f"--include={','.join(base.packages)}",
+                *(f"--customize-hook={hook}" for hook in base.customize),
                 base.suite,
                 str(rootfs),
                 *base.mirrors(),
             ],
             check=True,
         )
-        changes = [arg for key, value in base.env for arg in ("--change", f"ENV {key}={value}")]
+        lines = [f"ENV {key}={value}" for key, value in base.env] + list(base.config)
+        changes = [arg for line in lines for arg in ("--change", line)]
         image_id = subprocess.run(
             ["docker", "import", *changes, str(rootfs), tag],
             check=True, capture_output=True, text=True,

@@ -46,10 +46,15 @@ def compose_document(plan: Plan, gpu_sets: str | None, replicas: int | None, hos
     return compose_replicas(plan, sets, base=base, host_port=host_port, bind=bind)
 
 
+MONITORING_PROFILE = "monitoring"
+"""The compose profile of Prometheus (compose/compose.yaml)."""
+
+
 def configure(plan: Plan, settings: Settings, gpu_sets: str | None = None,
-              replicas: int | None = None) -> Configured:  # fmt: skip
+              replicas: int | None = None, *, monitoring: bool = False) -> Configured:  # fmt: skip
     """The compose settings for `plan` (replicas behind the router when `gpu_sets` (else
-    GPU_SETS) or `replicas` is given), validated; writes nothing."""
+    GPU_SETS) or `replicas` is given; Prometheus scraping them with `monitoring`), validated;
+    writes nothing."""
     gpu_sets = gpu_sets or settings.gpu_sets
     port, bind = settings.host_port, settings.bind_address  # compose publishes these: checked
     refuse_secrets_as_environment(settings.env_file, "compose/.env")
@@ -73,6 +78,13 @@ def configure(plan: Plan, settings: Settings, gpu_sets: str | None = None,
                                                override_var="ROUTER_IMAGE")  # fmt: skip
         doc = compose_document(plan, gpu_sets, replicas, port, bind)
         values["COMPOSE_FILE"] = REPLICAS_FILE.name
+    if monitoring:
+        # `docker compose up`/`down` then include Prometheus (compose reads COMPOSE_PROFILES)
+        values["COMPOSE_PROFILES"] = MONITORING_PROFILE
+        values["PROMETHEUS_IMAGE"] = resolve_image("prometheus", settings.merged)
+        servers = sorted(s for s in (doc or {}).get("services", {}) if s.startswith("vllm-"))
+        port_in = plan.profile.deployment.port
+        values["PROMETHEUS_TARGETS"] = ",".join(f"{s}:{port_in}" for s in servers or ["vllm"])
     return Configured(plan, values, doc)
 
 

@@ -35,8 +35,10 @@ SOURCES = {
 """Image sources a profile can run (`deployment.image`) -> lock key."""
 BASES = {"cuda": "base", "cpu": "cpu-base"}
 """Image engine (docker/build.py --engine) -> the pin source of the base it is built from."""
-PIN_KEYS = {**SOURCES, "base": "BASE_IMAGE", "cpu-base": "CPU_BASE_IMAGE"}
-"""Everything `make pin` can write: the profile images and the builds' base images."""
+PIN_KEYS = {**SOURCES, "base": "BASE_IMAGE", "cpu-base": "CPU_BASE_IMAGE",
+            "prometheus": "PROMETHEUS_IMAGE"}  # fmt: skip
+"""Everything `make pin` can write: the profile images, the builds' base images and the
+monitoring profile's Prometheus."""
 DIGEST_REF = re.compile(
     r"^(?P<name>[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*)"
     r"@(?P<digest>sha256:[0-9a-f]{64})$"

@@ -103,8 +103,10 @@ def compose_replicas(plan: Plan, gpu_sets: list[tuple[int, ...]], *, base: dict[
                        for i in range(len(gpu_sets))},
         "init": True,
     }  # fmt: skip
+    # the monitoring profile scrapes the replicas (`make configure` writes PROMETHEUS_TARGETS)
+    services["prometheus"] = copy.deepcopy(base["services"]["prometheus"])
     return {"name": base["name"], "services": services, "volumes": copy.deepcopy(base["volumes"]),
-            "secrets": copy.deepcopy(base["secrets"])}
+            "secrets": copy.deepcopy(base["secrets"]), "configs": copy.deepcopy(base["configs"])}
 
 
 def router_argv(workers: list[str]) -> list[str]:

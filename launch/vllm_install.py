@@ -84,6 +84,16 @@ class VllmInstall:
                 if n not in self.env_vars and n in self.environ_readers}  # fmt: skip
 
     @cached_property
+    def metric_names(self) -> frozenset[str]:
+        """The Prometheus metrics this vLLM defines (`vllm:...`), wherever they are defined."""
+        names: set[str] = set()
+        for path in sorted(self.root.rglob("*.py")):
+            text = path.read_text(encoding="utf-8", errors="replace")
+            if '"vllm:' in text:  # only these can define one: parse just them
+                names |= registrations.metric_names(text)
+        return frozenset(names)
+
+    @cached_property
     def attention_backends(self) -> frozenset[str]:
         """Names of `AttentionBackendEnum` members in this vLLM."""
         return registrations.enum_members(self._read(_REGISTRY), "AttentionBackendEnum")

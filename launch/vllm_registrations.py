@@ -15,6 +15,7 @@ objects of the installed vLLM 0.33.0, so both readings agree.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 
 _CHOICE_HELPERS = frozenset({"env_with_choices", "env_list_with_choices", "env_set_with_choices"})
@@ -185,3 +186,18 @@ def environ_reads(source: str) -> frozenset[str]:
         ):
             names.add(node.args[0].value)
     return frozenset(names)
+
+
+_METRIC = re.compile(r"^vllm:[a-z0-9_]+$")
+
+
+def metric_names(source: str) -> frozenset[str]:
+    """The Prometheus metric names a module defines: string constants that are a whole metric
+    name (`name="vllm:num_requests_running"`, the `("vllm:spec_decode_num_drafts", help)` table,
+    `name = "vllm:cache_config_info"`). Such a string has no other use in vLLM, and a docstring or
+    help text that mentions one is longer than the name."""
+    return frozenset(
+        node.value for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        and _METRIC.match(node.value)
+    )  # fmt: skip

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from launch.cli_args import add_api_key_argument, add_set_argument, positive_float, positive_int
+from launch.cli_args import positive_float, positive_int
 from launch.errors import UsageError
 from launch.plan import Plan
 from smoke.bench import receipt as receipts
@@ -31,7 +31,7 @@ from smoke.bench.session import (
 from smoke.client import Server
 from smoke.containers import connect, find_service_containers, logs_since_start
 from smoke.logparse import parse_lines
-from smoke.served import served
+from smoke.served import add_served_arguments, served
 
 NAME = "bench"
 CONTAINER_LOG = "container"
@@ -48,10 +48,7 @@ def concurrency(text: str) -> int:
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser(NAME, help="qualification bench: decode, prefill, parity")
-    p.add_argument("--profile", help="the started server's profile (default $PROFILE)")
-    add_set_argument(p)
-    p.add_argument("--url", help="server base URL (default http://127.0.0.1:<HOST_PORT>)")
-    add_api_key_argument(p)
+    add_served_arguments(p)
     p.add_argument(
         "--log",
         nargs="?",

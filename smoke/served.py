@@ -3,12 +3,23 @@ plan, base URL, API key and the bench client's target (a bad one exits 2 naming 
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
+from launch.cli_args import add_api_key_argument, add_set_argument
 from launch.errors import UsageError
 from launch.plan import Plan, plan_for
 from launch.settings import Settings, read_settings
 from smoke.bench.client import Target
+
+
+def add_served_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--profile`, `--set`, `--url`, `--api-key`: what `served` takes, for the commands that
+    load a started server."""
+    parser.add_argument("--profile", help="the started server's profile (default $PROFILE)")
+    add_set_argument(parser)
+    parser.add_argument("--url", help="server base URL (default http://127.0.0.1:<HOST_PORT>)")
+    add_api_key_argument(parser)
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from launch.cli_args import (
-    add_api_key_argument,
-    add_set_argument,
     duration,
     positive_float,
     positive_int,
@@ -26,7 +24,7 @@ from smoke.bench.metrics import gauge_values
 from smoke.bench.session import MAX_CONCURRENCY
 from smoke.client import Server
 from smoke.containers import connect, containers_rss, serving_containers
-from smoke.served import served
+from smoke.served import add_served_arguments, served
 from smoke.soak import (
     PROCESS_RSS,
     IntervalLine,
@@ -48,10 +46,7 @@ LONG_PROMPT_MAX = 16384
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     defaults = SoakOptions(duration_s=0, concurrency=0, long_prompt_tokens=0)
     p = subparsers.add_parser(NAME, help="hold a started server under mixed load, line per minute")
-    p.add_argument("--profile", help="the started server's profile (default $PROFILE)")
-    add_set_argument(p)
-    p.add_argument("--url", help="server base URL (default http://127.0.0.1:<HOST_PORT>)")
-    add_api_key_argument(p)
+    add_served_arguments(p)
     p.add_argument("--duration", type=duration, required=True, help="e.g. 3m, 30m, 8h")
     p.add_argument(
         "--interval",

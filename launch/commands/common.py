@@ -58,3 +58,8 @@ def add_replica_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="CPU profiles: this many replicas behind the router (GPU profiles use --gpu-sets)",
     )
+    parser.add_argument(
+        "--monitoring",
+        action="store_true",
+        help="also run Prometheus (compose profile monitoring) scraping the server(s)",
+    )

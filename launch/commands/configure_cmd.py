@@ -32,7 +32,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     settings = read_settings(args.sets)
-    result = configure(plan_for(settings, args.profile), settings, args.gpu_sets, args.replicas)
+    result = configure(plan_for(settings, args.profile), settings, args.gpu_sets, args.replicas,
+                       monitoring=args.monitoring)
     print(show(result))
     if not args.dry_run:
         write(result)

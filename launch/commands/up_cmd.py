@@ -43,7 +43,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     settings = read_settings(args.sets)
-    result = configure(plan_for(settings, args.profile), settings, args.gpu_sets, args.replicas)
+    result = configure(plan_for(settings, args.profile), settings, args.gpu_sets, args.replicas,
+                       monitoring=args.monitoring)
     check_host_memory(result.plan.profile, read_host_memory())
     argv = ["docker", "compose", *compose_env_args(),
             *(["config"] if args.config else ["up", "--detach"])]  # fmt: skip

@@ -102,3 +102,38 @@ def generation_tokens(totals: Mapping[str, float]) -> float | None:
 def parse_generation_tokens(text: str) -> float | None:
     """`vllm:generation_tokens_total` from a /metrics text."""
     return generation_tokens(counter_totals(text))
+
+
+def histogram_buckets(text: str) -> dict[str, dict[float, float]]:
+    """Every histogram of a /metrics text by family: upper bound (`le`, +Inf included) ->
+    cumulative count, summed over label sets."""
+    found: dict[str, dict[float, float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.type != "histogram":
+            continue
+        buckets = found.setdefault(family.name, {})
+        for sample in family.samples:
+            if sample.name == family.name + "_bucket":
+                le = float(sample.labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + sample.value
+    return found
+
+
+def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float | None:
+    """Prometheus' `histogram_quantile` over cumulative bucket counts: the bucket the q-th
+    observation falls in, interpolated linearly within it (from 0 for the first bucket; the
+    highest finite bound when it falls in +Inf). None without observations."""
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]] if bounds else 0.0
+    if total <= 0:
+        return None
+    rank, lower, below = q * total, 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound]
+        if count >= rank:
+            if bound == float("inf"):
+                return lower
+            inside = count - below
+            return lower + (bound - lower) * ((rank - below) / inside if inside else 0.0)
+        lower, below = bound, count
+    return lower

@@ -139,10 +139,14 @@ class Beside:
     steps: tuple[Step, ...]
     child: Run | None = None
     thread: threading.Thread | None = None
+    started_with: dict[str, str] = field(default_factory=dict)
+    """The lock as the lane got it: what it pins is what differs from this at the join (the
+    main lane pins meanwhile too, and those pins must stay)."""
 
     def start(self, run: Run) -> str:
         lock = run.work / "images.beside.lock"
         shutil.copy2(run.env[LOCK_VAR], lock)
+        self.started_with = read_lock(lock)
         # what the main lane has done so far counts for the lane's own `needs`
         self.child = Run(run.work, {**run.env, LOCK_VAR: str(lock)}, run.state,
                          dict(run.results), log_lock=run.log_lock)  # fmt: skip
@@ -163,7 +167,7 @@ class Beside:
         self.thread.join()
         mine = {s.name: self.child.results[s.name] for s in self.steps}
         run.results.update(mine)
-        pins = {k: v for k, v in self.child.lock.items() if run.lock.get(k) != v}
+        pins = {k: v for k, v in self.child.lock.items() if self.started_with.get(k) != v}
         if pins:
             write_lock(pins, Path(run.env[LOCK_VAR]))
         passed = sum(ok for ok, _, _ in mine.values())

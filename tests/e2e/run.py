@@ -27,29 +27,37 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from launch.compose_env import ENV_FILE_VAR
 from launch.image_lock import COMPOSE_DIR, LOCK_VAR
 from launch.settings import SECRETS_DIR
-from tests.e2e.harness import ENV_PATH, HF_CACHE_VOLUME, Run, Step
+from tests.e2e.harness import ENV_PATH, HF_CACHE_VOLUME, Beside, Run, Step
 from tests.e2e.steps import (
     access,
     bench,
     clients,
     faults,
     images,
+    monitoring,
     restart,
     serving,
     soak,
     weights,
 )
 
+BESIDE = Beside((monitoring.PROMETHEUS_IMAGE, images.CUDA_BASE, images.CUDA_BUILD,
+                 images.CUDA_LAYERS, images.CUDA_SELFCHECK, images.CUDA_PIN))  # fmt: skip
+"""The image builds that run beside the CPU image's (harness.Beside)."""
+BESIDE_START = Step("the Prometheus and CUDA images start building beside the CPU image",
+                    BESIDE.start, (images.ENGINE,))  # fmt: skip
+BESIDE_JOIN = Step("the images built beside are done", BESIDE.join, (BESIDE_START,))
+
 STEPS: tuple[Step, ...] = (
     images.ENGINE,
-    images.CUDA_START,  # base, build, layers, self-check, pin: beside the CPU image lane
+    BESIDE_START,
     images.CPU_BASE,
     images.CPU_BUILD,
     images.CPU_LAYERS,
     images.PUSH,
     images.PIN,
     images.REMOVE_LOCAL,
-    images.CUDA_JOIN,
+    BESIDE_JOIN,
     serving.COMPOSE_UP,
     serving.HEALTHY,
     serving.NON_ROOT,
@@ -66,7 +74,10 @@ STEPS: tuple[Step, ...] = (
     access.EVERY_ROUTE,
     clients.VANISHED,
     soak.SOAK,
+    monitoring.SCRAPED,
+    monitoring.TOP,
     faults.DOWN,
+    monitoring.DATA_KEPT,
     images.CUDA_COMPOSE,
     images.REMOVE_IMAGES,
 )

@@ -24,7 +24,6 @@ import requests
 from tests.e2e.harness import (
     REGISTRY,
     REPO,
-    Beside,
     Run,
     Step,
     StepFailed,
@@ -283,7 +282,7 @@ def remove_images(run: Run) -> str:
     images = run.state.images
     # children before the bases they were built on
     refs = [r for r in (CUDA.tag, images.get("cuda-base"), images.get("cpu-pinned"),
-                        images.get("cpu-base")) if r]  # fmt: skip
+                        images.get("cpu-base"), images.get("prometheus")) if r]  # fmt: skip
     present = [r for r in refs if image_present(run, r)]
     for ref in present:
         run.sh(["docker", "image", "rm", ref])
@@ -311,8 +310,5 @@ CUDA_LAYERS = Step("no build input in any layer (CUDA image)", lambda r: layers(
 CUDA_SELFCHECK = Step("CUDA image self-check in a container, no GPU", cuda_selfcheck,
                       (CUDA_BUILD,))  # fmt: skip
 CUDA_PIN = Step("make pin LOCAL=1 (CUDA image)", cuda_pin, (CUDA_BUILD,))
-CUDA_LANE = Beside((CUDA_BASE, CUDA_BUILD, CUDA_LAYERS, CUDA_SELFCHECK, CUDA_PIN))
-CUDA_START = Step("the CUDA image lane starts beside the CPU image's", CUDA_LANE.start, (ENGINE,))
-CUDA_JOIN = Step("the CUDA image lane is done", CUDA_LANE.join, (CUDA_START,))
 CUDA_COMPOSE = Step("docker compose config of both GLM profiles", cuda_compose, (CUDA_PIN,))
 REMOVE_IMAGES = Step("remove every image and volume the run made", remove_images, (ENGINE,))

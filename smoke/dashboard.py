@@ -1,0 +1,161 @@
+"""The kit's GLM-5.3 serving dashboard, defined once: each panel's PromQL lives here and nowhere
+else. The Grafana dashboard is rendered from these panels, the e2e lane asks the kit's
+Prometheus every query of them on the real engine, and the tests check every metric a query
+names against what the installed vLLM registers, so a renamed metric fails a test, not a user's
+dashboard (vLLM renamed `gpu_cache_usage_perc` to `kv_cache_usage_perc` once, and dashboards
+showed "No Data").
+
+Queries aggregate by `instance`, so a scaled-out service (replicas behind the router) gets a
+series per replica; a single server gets one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import Enum
+
+from smoke.bench.metrics import (
+    COUNTERS,
+    EXTERNAL_HITS,
+    GENERATION,
+    KV_USAGE,
+    PREFIX_HITS,
+    PREFIX_QUERIES,
+    RUNNING,
+    WAITING,
+)
+
+RATE_WINDOW = "1m"
+"""The window of every rate(): four scrapes at the kit's 15 s interval."""
+PERCENTILES = (0.5, 0.9, 0.99)
+
+
+class Needs(Enum):
+    """What a panel's series exist only with: a speculating server, or NVIDIA's GPU exporter."""
+
+    SPECULATION = "a server that speculates (DFlash, MTP)"
+    GPU = "dcgm-exporter on a host with the NVIDIA runtime"
+
+
+@dataclass(frozen=True)
+class Query:
+    expr: str
+    legend: str
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    unit: str
+    """Grafana's unit id (reqps, s, percentunit, ...)."""
+    queries: tuple[Query, ...]
+    needs: Needs | None = None
+    table: bool = False
+    """Shown as a table of the series' labels (the cache configuration), not over time."""
+
+
+def _rate(series: str) -> str:
+    return f"rate({series}[{RATE_WINDOW}])"
+
+
+def _per_instance(expr: str) -> str:
+    return f"sum by (instance) ({expr})"
+
+
+def _latency(title: str, histogram: str) -> Panel:
+    bucket = f"{histogram}_bucket"
+    return Panel(title, "s", tuple(
+        Query(f"histogram_quantile({q}, sum by (instance, le) ({_rate(bucket)}))",
+              f"p{round(q * 100)} {{{{instance}}}}")
+        for q in PERCENTILES))  # fmt: skip
+
+
+DRAFTS = f"{COUNTERS['drafts']}_total"
+ACCEPTED = f"{COUNTERS['accepted_tokens']}_total"
+ACCEPTED_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+DCGM_COUNTERS = {
+    # dcgm-exporter's default counters (NVIDIA/dcgm-exporter etc/default-counters.csv at
+    # b54068a9feef589e07fc36c22642ad4bb61f6420): field name -> what it is
+    "DCGM_FI_DEV_GPU_UTIL": "GPU utilization (in %)",
+    "DCGM_FI_DEV_FB_USED": "Framebuffer memory used (in MiB)",
+    "DCGM_FI_DEV_POWER_USAGE": "Power draw (in W)",
+    "DCGM_FI_DEV_XID_ERRORS": "Value of the last XID error encountered",
+}
+
+PANELS: tuple[Panel, ...] = (
+    Panel("Requests finished per second, by finish reason", "reqps", (
+        Query(f"sum by (instance, finished_reason) ({_rate('vllm:request_success_total')})",
+              "{{finished_reason}} {{instance}}"),)),
+    Panel("Requests running and waiting", "short", (
+        Query(_per_instance(RUNNING), "running {{instance}}"),
+        Query(_per_instance(WAITING), "waiting {{instance}}"))),
+    _latency("Time to first token", "vllm:time_to_first_token_seconds"),
+    _latency("Inter-token latency", "vllm:inter_token_latency_seconds"),
+    _latency("End-to-end request latency", "vllm:e2e_request_latency_seconds"),
+    Panel("Tokens per second", "short", (
+        Query(_per_instance(_rate("vllm:prompt_tokens_total")), "prompt {{instance}}"),
+        Query(_per_instance(_rate(GENERATION)), "generation {{instance}}"))),
+    Panel("KV cache usage", "percentunit", (
+        Query(f"max by (instance) ({KV_USAGE})", "{{instance}}"),)),
+    Panel("Preemptions per second", "short", (
+        Query(_per_instance(_rate("vllm:num_preemptions_total")), "{{instance}}"),)),
+    Panel("Prefix cache hit rate (GPU and host tier)", "percentunit", (
+        Query(f"{_per_instance(_rate(PREFIX_HITS))} / {_per_instance(_rate(PREFIX_QUERIES))}",
+              "GPU {{instance}}"),
+        Query(f"{_per_instance(_rate(EXTERNAL_HITS))} / "
+              f"{_per_instance(_rate('vllm:external_prefix_cache_queries_total'))}",
+              "host tier {{instance}}"))),
+    Panel("KV cache configuration", "short", (
+        Query("vllm:cache_config_info", "{{instance}}"),), table=True),
+    Panel("Speculative acceptance length", "short", (
+        Query(f"1 + {_per_instance(_rate(ACCEPTED))} / {_per_instance(_rate(DRAFTS))}",
+              "{{instance}}"),), Needs.SPECULATION),
+    Panel("Acceptance rate by draft position", "percentunit", (
+        Query(f"sum by (instance, position) ({_rate(ACCEPTED_PER_POSITION)}) / ignoring "
+              f"(position) group_left {_per_instance(_rate(DRAFTS))}",
+              "position {{position}} {{instance}}"),), Needs.SPECULATION),
+    Panel("GPU utilization", "percent", (
+        Query("DCGM_FI_DEV_GPU_UTIL", "GPU {{gpu}} {{Hostname}}"),), Needs.GPU),
+    Panel("GPU memory used", "decmbytes", (
+        Query("DCGM_FI_DEV_FB_USED", "GPU {{gpu}} {{Hostname}}"),), Needs.GPU),
+    Panel("GPU power", "watt", (
+        Query("DCGM_FI_DEV_POWER_USAGE", "GPU {{gpu}} {{Hostname}}"),), Needs.GPU),
+    Panel("Last XID error", "short", (
+        Query("DCGM_FI_DEV_XID_ERRORS", "GPU {{gpu}} {{Hostname}}"),), Needs.GPU),
+)  # fmt: skip
+
+_SERIES = re.compile(r"\b(vllm:[a-z0-9_]+|DCGM_FI_[A-Z0-9_]+)\b")
+_SUFFIXES = ("_total", "_bucket", "_sum", "_count", "_created")
+"""What Prometheus' exposition adds to a metric's name (counters, histograms)."""
+
+
+def series_names(expr: str) -> frozenset[str]:
+    """The series a query reads (vLLM's and dcgm-exporter's, the only ones the panels use)."""
+    return frozenset(_SERIES.findall(expr))
+
+
+def queried_series(panels: Iterable[Panel] = PANELS) -> dict[str, list[str]]:
+    """Every series the panels read -> the titles of the panels reading it."""
+    found: dict[str, list[str]] = {}
+    for panel in panels:
+        for query in panel.queries:
+            for name in series_names(query.expr):
+                found.setdefault(name, []).append(panel.title)
+    return found
+
+
+def _family(name: str) -> str:
+    """A metric's family: its name without what the exposition adds (`_total` of a counter,
+    `_bucket`/`_sum`/`_count` of a histogram, `_created`), however many; vLLM itself names some
+    metrics with `_total` already (`vllm:iteration_tokens_total` is a histogram)."""
+    while name.endswith(_SUFFIXES):
+        name = name[: name.rindex("_")]
+    return name
+
+
+def unregistered(series: Iterable[str], registered: Iterable[str]) -> list[str]:
+    """The series that no registered metric exposes (compared by family, `_family`)."""
+    families = {_family(name) for name in registered}
+    return sorted(s for s in series if _family(s) not in families)

@@ -1,0 +1,126 @@
+"""`make top`: the server while it serves, a line per interval from two reads of its /metrics
+(no Prometheus needed): requests in the batch and queued, KV cache usage, requests, prompt and
+generated tokens per second, TTFT and inter-token p50/p99 of the requests in the interval (from
+the histograms' bucket deltas, as Prometheus' histogram_quantile computes them), the prefix
+cache's hit rate, the draft's acceptance length, and preemptions. Pure: two readings in, a view
+out; the command reads and prints."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from smoke.bench.metrics import (
+    COUNTERS,
+    GENERATION,
+    KV_USAGE,
+    PREFIX_HITS,
+    PREFIX_QUERIES,
+    RUNNING,
+    WAITING,
+    counter_totals,
+    gauge_values,
+    histogram_buckets,
+    histogram_quantile,
+)
+
+TTFT = "vllm:time_to_first_token_seconds"
+ITL = "vllm:inter_token_latency_seconds"
+FINISHED = "vllm:request_success"
+PROMPT = "vllm:prompt_tokens"
+PREEMPTIONS = "vllm:num_preemptions"
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One read of /metrics: counters and histograms summed over label sets, gauges."""
+
+    at: float
+    counters: dict[str, float]
+    gauges: dict[str, float]
+    histograms: dict[str, dict[float, float]]
+
+
+def reading(text: str, at: float) -> Reading:
+    return Reading(at, counter_totals(text), gauge_values(text), histogram_buckets(text))
+
+
+@dataclass(frozen=True)
+class View:
+    seconds: float
+    running: float | None
+    waiting: float | None
+    kv_usage: float | None
+    requests_per_s: float | None
+    prompt_tok_s: float | None
+    generation_tok_s: float | None
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    itl_p50_s: float | None
+    itl_p99_s: float | None
+    prefix_hit_rate: float | None
+    acceptance_length: float | None
+    preemptions: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def line(self) -> str:
+        def f(value: float | None, fmt: str, scale: float = 1.0) -> str:
+            return "-" if value is None else format(value * scale, fmt)
+
+        ms = lambda v: f(v, ".0f", 1e3)  # noqa: E731
+        return "  ".join((
+            f"running {f(self.running, '.0f')}", f"waiting {f(self.waiting, '.0f')}",
+            f"KV {f(self.kv_usage, '.1%')}", f"req/s {f(self.requests_per_s, '.2f')}",
+            f"prompt {f(self.prompt_tok_s, '.0f')} tok/s",
+            f"gen {f(self.generation_tok_s, '.1f')} tok/s",
+            f"TTFT p50 {ms(self.ttft_p50_s)} p99 {ms(self.ttft_p99_s)} ms",
+            f"ITL p50 {ms(self.itl_p50_s)} p99 {ms(self.itl_p99_s)} ms",
+            f"prefix hits {f(self.prefix_hit_rate, '.0%')}",
+            f"accept {f(self.acceptance_length, '.2f')}",
+            f"preempted {f(self.preemptions, '.0f')}",
+        ))  # fmt: skip
+
+
+def _delta(before: Mapping[str, float], after: Mapping[str, float], name: str) -> float | None:
+    if name not in after:
+        return None
+    return max(after[name] - before.get(name, 0.0), 0.0)  # a restart resets a counter
+
+
+def _bucket_delta(before: Reading, after: Reading, family: str) -> dict[float, float]:
+    old, new = before.histograms.get(family, {}), after.histograms.get(family, {})
+    return {le: max(n - old.get(le, 0.0), 0.0) for le, n in new.items()}
+
+
+def _ratio(top: float | None, bottom: float | None) -> float | None:
+    return None if top is None or not bottom else top / bottom
+
+
+def view(before: Reading, after: Reading) -> View:
+    """What the server did between two readings, and its gauges at the second."""
+    secs = after.at - before.at
+    per_s = lambda name: _ratio(_delta(before.counters, after.counters, name), secs)  # noqa: E731
+    ttft, itl = _bucket_delta(before, after, TTFT), _bucket_delta(before, after, ITL)
+    drafts = _delta(before.counters, after.counters, COUNTERS["drafts"])
+    accepted = _delta(before.counters, after.counters, COUNTERS["accepted_tokens"])
+    hits = _delta(before.counters, after.counters, PREFIX_HITS.removesuffix("_total"))
+    queries = _delta(before.counters, after.counters, PREFIX_QUERIES.removesuffix("_total"))
+    return View(
+        seconds=secs,
+        running=after.gauges.get(RUNNING),
+        waiting=after.gauges.get(WAITING),
+        kv_usage=after.gauges.get(KV_USAGE),
+        requests_per_s=per_s(FINISHED),
+        prompt_tok_s=per_s(PROMPT),
+        generation_tok_s=per_s(GENERATION.removesuffix("_total")),
+        ttft_p50_s=histogram_quantile(0.5, ttft),
+        ttft_p99_s=histogram_quantile(0.99, ttft),
+        itl_p50_s=histogram_quantile(0.5, itl),
+        itl_p99_s=histogram_quantile(0.99, itl),
+        prefix_hit_rate=_ratio(hits, queries),
+        acceptance_length=1.0 + (accepted or 0.0) / drafts if drafts else None,
+        preemptions=_delta(before.counters, after.counters, PREEMPTIONS),
+    )  # fmt: skip
