@@ -3,13 +3,14 @@ fixtures, a plan from plain values, and a vLLM tree with every fork capability."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -121,6 +122,38 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def server_on_free_port(argv: Callable[[int], Sequence[str]], health: Callable[[int], str], *,
+                        timeout: float = 60.0, auth: tuple[str, str] | None = None,
+                        ) -> Iterator[int]:  # fmt: skip
+    """A server process (`argv(port)`) on a free port, once `health(port)` answers 200; its
+    port. A port free when asked for can be taken before the server binds it (the tests run
+    side by side, and any process's outgoing connection may get it): a server that exits before
+    answering is started once more on another port."""
+    for _ in range(2):
+        port = free_port()
+        proc = subprocess.Popen(list(argv(port)), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                if requests.get(health(port), timeout=1, auth=auth).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            time.sleep(0.2)
+        if proc.poll() is None and time.monotonic() < deadline:
+            try:
+                yield port
+            finally:
+                proc.terminate()
+                proc.wait(timeout=10)
+            return
+        proc.terminate()
+        proc.wait(timeout=10)
+    pytest.fail(f"{argv(0)[0]} did not answer {health(0)} within {timeout:.0f} s, twice")
 
 
 def wait_http_ok(url: str, timeout: float = 30.0, auth: tuple[str, str] | None = None) -> None:

@@ -16,28 +16,25 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import DOCKER_ENGINE, REPO, free_port, wait_http_ok
+from tests.conftest import DOCKER_ENGINE, REPO, free_port, server_on_free_port
 
 pytestmark = DOCKER_ENGINE  # real image builds, pushes and logins
 
 
 def serve_registry(tmp_path: Path, auth: str = "") -> Iterator[str]:
-    port = free_port()
     config = tmp_path / "registry.yml"
-    config.write_text(
-        "version: 0.1\n"
-        f"storage:\n  filesystem:\n    rootdirectory: {tmp_path / 'data'}\n"
-        f"http:\n  addr: 127.0.0.1:{port}\n{auth}"
-    )
-    proc = subprocess.Popen(["docker-registry", "serve", str(config)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    address = f"127.0.0.1:{port}"
-    try:
-        wait_http_ok(f"http://{address}/v2/", timeout=20, auth=("kit", PASSWORD) if auth else None)
-        yield address
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+
+    def argv(port: int) -> list[str]:
+        config.write_text(
+            "version: 0.1\n"
+            f"storage:\n  filesystem:\n    rootdirectory: {tmp_path / 'data'}\n"
+            f"http:\n  addr: 127.0.0.1:{port}\n{auth}"
+        )
+        return ["docker-registry", "serve", str(config)]
+
+    with server_on_free_port(argv, lambda port: f"http://127.0.0.1:{port}/v2/", timeout=20,
+                             auth=("kit", PASSWORD) if auth else None) as port:  # fmt: skip
+        yield f"127.0.0.1:{port}"
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import yaml
 from launch.__main__ import main as launch_main
 from launch.compose_files import merged_document
 from smoke.__main__ import main as smoke_main
-from tests.conftest import REPO, free_port, wait_http_ok
+from tests.conftest import REPO, free_port, server_on_free_port
 from tests.standin import StandIn
 from tests.test_image_compose import compose_config, runtime_env
 
@@ -199,20 +199,16 @@ def test_bad_gpu_sets_exit_2(capsys, monkeypatch):
 
 @contextmanager
 def router(workers: list[str]) -> Iterator[str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [str(BIN / "vllm-router"), "--host", "127.0.0.1", "--port", str(port), "--policy",
-         "round_robin", "--worker-urls", *workers, "--health-check-interval-secs", "1",
-         "--health-failure-threshold", "1", "--worker-startup-timeout-secs", "20"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http_ok(f"{url}/health")
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    """The real vllm-router in front of `workers`, once it answers /health. Its Prometheus
+    exporter gets a free port of its own: on its default (29000) a second router running beside
+    (the tests run side by side) never answered /health."""
+    argv = lambda port: [  # noqa: E731
+        str(BIN / "vllm-router"), "--host", "127.0.0.1", "--port", str(port), "--policy",
+        "round_robin", "--worker-urls", *workers, "--health-check-interval-secs", "1",
+        "--health-failure-threshold", "1", "--worker-startup-timeout-secs", "20",
+        "--prometheus-port", str(free_port())]  # fmt: skip
+    with server_on_free_port(argv, lambda port: f"http://127.0.0.1:{port}/health") as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 def ask(url: str) -> int:
