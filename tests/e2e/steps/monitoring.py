@@ -119,19 +119,26 @@ def top(run: Run) -> str:
         raise StepFailed("no server with a key from the access step")
     server = Server(f"http://127.0.0.1:{HOST_PORT}", "kit-tiny-chat", key)
 
-    def load() -> None:
-        for i in range(6):
+    stop = threading.Event()
+
+    def load() -> None:  # until top has read its interval, however long its start takes
+        i = 0
+        while not stop.is_set():
             requests.post(server.url("/v1/chat/completions"), timeout=60,
                           headers=server.headers(), json={
                               "model": "kit-tiny-chat", "max_tokens": 32,
                               "messages": [{"role": "user", "content": f"count to {i + 5}"}],
                           }).raise_for_status()  # fmt: skip
+            i += 1
 
     sender = threading.Thread(target=load)
     sender.start()
-    done = make(run, "top", f"PROFILE={PROFILE}", "TOP_ARGS=--once --json --interval 5",
-                env={"VLLM_API_KEY": key})  # fmt: skip
-    sender.join(120)
+    try:
+        done = make(run, "top", f"PROFILE={PROFILE}", "TOP_ARGS=--once --json --interval 5",
+                    env={"VLLM_API_KEY": key})  # fmt: skip
+    finally:
+        stop.set()
+        sender.join(120)
     shown = json.loads(done.stdout.strip().splitlines()[-1])
     if not shown["generation_tok_s"] or shown["ttft_p50_s"] is None:
         raise StepFailed(f"no generation or TTFT in the interval: {shown}")
