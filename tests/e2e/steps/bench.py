@@ -67,6 +67,7 @@ DECODE_PROMPTS = DECODE_CONCURRENCY * 3
 """Each `vllm bench serve` decode run: three rounds of four streams (about 14 s on the CPU
 engine, as long as a kit run's warm-up and window)."""
 PREFILL_TOKENS = 2048
+PREFILL_OUTPUT_TOKENS = 8
 PREFILL_PAIRS = 3
 PREFILL_PER_RUN = 2
 """Prefill TTFT: kit and vLLM runs alternate PREFILL_PAIRS times, PREFILL_PER_RUN prompts each,
@@ -175,9 +176,14 @@ def busy_loop() -> subprocess.Popen[bytes]:
 def vllm_prefill_ttfts(vllm_bench: VllmBench) -> list[float]:
     """TTFT (ms) of each completed request of one `vllm bench serve` prefill run."""
     result = vllm_bench("--random-input-len", str(PREFILL_TOKENS),
-                        "--random-output-len", "1", "--max-concurrency", "1",
+                        # vLLM's client times the first chunk with text; a single token that
+                        # decodes to none (a byte of a longer character) left whole runs with
+                        # "Never received a valid chunk to calculate TTFT" (a CI run here): a
+                        # few tokens more, one decode step each after the 3.5 s prefill
+                        "--random-output-len", str(PREFILL_OUTPUT_TOKENS),
+                        "--max-concurrency", "1",
                         "--num-prompts", str(PREFILL_PER_RUN), "--save-detailed",
-                        # with thinking on, the one token is the <think> vLLM's reasoning
+                        # with thinking on, the first token is the <think> vLLM's reasoning
                         # parser consumes, and vLLM's client sees no chunk to time
                         "--extra-body", json.dumps(
                             {"chat_template_kwargs": {"enable_thinking": False}}),
