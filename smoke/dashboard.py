@@ -1,9 +1,9 @@
 """The kit's GLM-5.3 serving dashboard, defined once: each panel's PromQL lives here and nowhere
-else. The Grafana dashboard is rendered from these panels, the e2e lane asks the kit's
-Prometheus every query of them on the real engine, and the tests check every metric a query
-names against what the installed vLLM registers, so a renamed metric fails a test, not a user's
-dashboard (vLLM renamed `gpu_cache_usage_perc` to `kv_cache_usage_perc` once, and dashboards
-showed "No Data").
+else (no Grafana renders it yet: docs/monitoring.md reads the queries through Prometheus' API).
+The e2e lane asks the kit's Prometheus every query of them on the real engine, and the tests
+check every metric a query names against what the installed vLLM registers, so a renamed metric
+fails a test, not a user's dashboard (vLLM renamed `gpu_cache_usage_perc` to
+`kv_cache_usage_perc` once, and dashboards showed "No Data").
 
 Queries aggregate by `instance`, so a scaled-out service (replicas behind the router) gets a
 series per replica; a single server gets one.
@@ -19,11 +19,16 @@ from enum import Enum
 from smoke.bench.metrics import (
     COUNTERS,
     EXTERNAL_HITS,
+    FINISHED,
     GENERATION,
+    ITL,
     KV_USAGE,
+    PREEMPTIONS,
     PREFIX_HITS,
     PREFIX_QUERIES,
+    PROMPT,
     RUNNING,
+    TTFT,
     WAITING,
 )
 
@@ -86,21 +91,21 @@ DCGM_COUNTERS = {
 
 PANELS: tuple[Panel, ...] = (
     Panel("Requests finished per second, by finish reason", "reqps", (
-        Query(f"sum by (instance, finished_reason) ({_rate('vllm:request_success_total')})",
+        Query(f"sum by (instance, finished_reason) ({_rate(FINISHED + '_total')})",
               "{{finished_reason}} {{instance}}"),)),
     Panel("Requests running and waiting", "short", (
         Query(_per_instance(RUNNING), "running {{instance}}"),
         Query(_per_instance(WAITING), "waiting {{instance}}"))),
-    _latency("Time to first token", "vllm:time_to_first_token_seconds"),
-    _latency("Inter-token latency", "vllm:inter_token_latency_seconds"),
+    _latency("Time to first token", TTFT),
+    _latency("Inter-token latency", ITL),
     _latency("End-to-end request latency", "vllm:e2e_request_latency_seconds"),
     Panel("Tokens per second", "short", (
-        Query(_per_instance(_rate("vllm:prompt_tokens_total")), "prompt {{instance}}"),
+        Query(_per_instance(_rate(PROMPT + "_total")), "prompt {{instance}}"),
         Query(_per_instance(_rate(GENERATION)), "generation {{instance}}"))),
     Panel("KV cache usage", "percentunit", (
         Query(f"max by (instance) ({KV_USAGE})", "{{instance}}"),)),
     Panel("Preemptions per second", "short", (
-        Query(_per_instance(_rate("vllm:num_preemptions_total")), "{{instance}}"),)),
+        Query(_per_instance(_rate(PREEMPTIONS + "_total")), "{{instance}}"),)),
     Panel("Prefix cache hit rate (GPU and host tier)", "percentunit", (
         Query(f"{_per_instance(_rate(PREFIX_HITS))} / {_per_instance(_rate(PREFIX_QUERIES))}",
               "GPU {{instance}}"),

@@ -12,24 +12,24 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from smoke.bench.metrics import (
-    COUNTERS,
+    FINISHED,
     GENERATION,
+    ITL,
     KV_USAGE,
+    PREEMPTIONS,
     PREFIX_HITS,
     PREFIX_QUERIES,
+    PROMPT,
     RUNNING,
+    TTFT,
     WAITING,
+    acceptance_length,
     counter_totals,
     gauge_values,
     histogram_buckets,
     histogram_quantile,
+    spec_counters,
 )
-
-TTFT = "vllm:time_to_first_token_seconds"
-ITL = "vllm:inter_token_latency_seconds"
-FINISHED = "vllm:request_success"
-PROMPT = "vllm:prompt_tokens"
-PREEMPTIONS = "vllm:num_preemptions"
 
 
 @dataclass(frozen=True)
@@ -104,8 +104,6 @@ def view(before: Reading, after: Reading) -> View:
     secs = after.at - before.at
     per_s = lambda name: _ratio(_delta(before.counters, after.counters, name), secs)  # noqa: E731
     ttft, itl = _bucket_delta(before, after, TTFT), _bucket_delta(before, after, ITL)
-    drafts = _delta(before.counters, after.counters, COUNTERS["drafts"])
-    accepted = _delta(before.counters, after.counters, COUNTERS["accepted_tokens"])
     hits = _delta(before.counters, after.counters, PREFIX_HITS.removesuffix("_total"))
     queries = _delta(before.counters, after.counters, PREFIX_QUERIES.removesuffix("_total"))
     return View(
@@ -121,6 +119,7 @@ def view(before: Reading, after: Reading) -> View:
         itl_p50_s=histogram_quantile(0.5, itl),
         itl_p99_s=histogram_quantile(0.99, itl),
         prefix_hit_rate=_ratio(hits, queries),
-        acceptance_length=1.0 + (accepted or 0.0) / drafts if drafts else None,
+        acceptance_length=acceptance_length(spec_counters(before.counters),
+                                            spec_counters(after.counters)),
         preemptions=_delta(before.counters, after.counters, PREEMPTIONS),
     )  # fmt: skip

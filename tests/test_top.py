@@ -11,8 +11,8 @@ import pytest
 import requests
 
 from smoke.__main__ import main
-from smoke.bench.metrics import histogram_buckets, histogram_quantile
-from smoke.top import TTFT, reading, view
+from smoke.bench.metrics import TTFT, histogram_buckets, histogram_quantile
+from smoke.top import reading, view
 from tests.test_bench import standin
 from tests.test_dashboard import CPU_METRICS
 
@@ -39,16 +39,21 @@ def test_an_idle_interval_has_rates_of_zero_and_no_latency():
 
 def test_top_once_json_against_a_server_under_load(capsys):
     with standin() as url:
-        def load() -> None:
-            for _ in range(20):
+        stop = threading.Event()
+
+        def load() -> None:  # until top has read its interval, however long its start takes
+            while not stop.is_set():
                 requests.post(f"{url}/v1/chat/completions", timeout=10, json={
                     "model": "m", "max_tokens": 30, "messages": [{"role": "user",
                                                                   "content": "hi"}]})
         thread = threading.Thread(target=load)
         thread.start()
-        code = main(["top", "--profile", "cpu-tiny", "--url", url, "--once", "--json",
-                     "--interval", "1"])  # fmt: skip
-        thread.join()
+        try:
+            code = main(["top", "--profile", "cpu-tiny", "--url", url, "--once", "--json",
+                         "--interval", "1"])  # fmt: skip
+        finally:
+            stop.set()
+            thread.join()
     assert code == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["seconds"] == pytest.approx(1.0, abs=0.5)

@@ -33,6 +33,16 @@ WAITING = "vllm:num_requests_waiting"
 """Requests queued for a batch slot now (a gauge)."""
 KV_USAGE = "vllm:kv_cache_usage_perc"
 """The share of KV cache blocks in use now, 1 = all (a gauge; cached free blocks are free)."""
+TTFT = "vllm:time_to_first_token_seconds"
+"""Time to first token (a histogram, seconds)."""
+ITL = "vllm:inter_token_latency_seconds"
+"""Time between a request's tokens (a histogram, seconds)."""
+FINISHED = "vllm:request_success"
+"""Requests finished, by finish reason (a counter)."""
+PROMPT = "vllm:prompt_tokens"
+"""Prompt tokens processed (a counter)."""
+PREEMPTIONS = "vllm:num_preemptions"
+"""Requests preempted by the scheduler (a counter)."""
 
 
 def counter_totals(text: str) -> dict[str, float]:
