@@ -122,7 +122,7 @@ e2e: $(TEST_STAMP) $(KIT_STAMP)
 # Resolve a tag to its digest through the registry API and write it into compose/images.lock.
 SOURCE ?= kit
 pin: $(KIT_STAMP)
-	@test -n "$(IMAGE)" || { echo "usage: make pin IMAGE=repo:tag [SOURCE=kit|qualified|cpu|base|cpu-base] [LOCAL=1]"; exit 2; }
+	@test -n "$(IMAGE)" || { echo "usage: make pin IMAGE=repo:tag [SOURCE=kit|qualified|qualified-split|cpu|base|cpu-base|prometheus|grafana|dcgm-exporter] [LOCAL=1]"; exit 2; }
 	$(KIT_PY) -m launch pin $(IMAGE) --source $(SOURCE) $(if $(LOCAL),--local)
 
 SMOKE_ARGS ?=

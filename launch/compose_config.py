@@ -5,7 +5,9 @@ generated compose file. Typed values in, typed values out; the commands parse ar
 from __future__ import annotations
 
 import ipaddress
+import secrets
 from dataclasses import dataclass
+from pathlib import Path
 
 import yaml
 
@@ -13,9 +15,11 @@ from launch.compose_env import write_generated
 from launch.compose_files import compose_files, merged_document
 from launch.docker_api import docker_path, require_local_image
 from launch.errors import UsageError
-from launch.image_lock import COMPOSE_DIR, is_local_id, resolve_image
+from launch.image_lock import COMPOSE_DIR, MONITORING_SOURCES, is_local_id, resolve_image
 from launch.plan import Plan
 from launch.scale import (
+    MONITORING_PROFILES,
+    ROUTER_METRICS_PORT,
     compose_replicas,
     cpu_replicas,
     parse_gpu_sets,
@@ -46,14 +50,41 @@ def compose_document(plan: Plan, gpu_sets: str | None, replicas: int | None, hos
     return compose_replicas(plan, sets, base=base, host_port=host_port, bind=bind)
 
 
-MONITORING_PROFILE = "monitoring"
-"""The compose profile of Prometheus (compose/compose.yaml)."""
+MONITORING_PROFILE, GPU_MONITORING_PROFILE = MONITORING_PROFILES
+"""Prometheus and Grafana; dcgm-exporter (only on a host with the NVIDIA runtime)."""
+DCGM_TARGET = "dcgm-exporter:9400"
+GRAFANA_PASSWORD_FILE = SECRETS_DIR / SECRETS["GRAFANA_ADMIN_PASSWORD"]
+
+
+def monitoring_values(plan: Plan, settings: Settings, doc: dict | None, *,
+                      gpu_exporter: bool) -> dict[str, str]:
+    """What compose needs for the monitoring profiles: their images by digest, and what
+    Prometheus scrapes (every vLLM server, the router when scaled out, dcgm-exporter where the
+    NVIDIA runtime is and the profile uses GPUs)."""
+    services = (doc or {}).get("services", {})
+    servers = sorted(s for s in services if s.startswith("vllm-"))
+    port_in = plan.profile.deployment.port
+    gpus = gpu_exporter and plan.profile.deployment.device == "cuda"
+    values = {
+        # `docker compose up`/`down` then include them (compose reads COMPOSE_PROFILES)
+        "COMPOSE_PROFILES": ",".join([MONITORING_PROFILE] + [GPU_MONITORING_PROFILE] * gpus),
+        **{key: resolve_image(source, settings.merged) for source, key
+           in MONITORING_SOURCES.items() if gpus or source != "dcgm-exporter"},
+        "PROMETHEUS_TARGETS": ",".join(f"{s}:{port_in}" for s in servers or ["vllm"]),
+    }  # fmt: skip
+    if "router" in services:
+        values["ROUTER_METRICS_TARGETS"] = f"router:{ROUTER_METRICS_PORT}"
+    if gpus:
+        values["DCGM_TARGETS"] = DCGM_TARGET
+    return values
 
 
 def configure(plan: Plan, settings: Settings, gpu_sets: str | None = None,
-              replicas: int | None = None, *, monitoring: bool = False) -> Configured:  # fmt: skip
+              replicas: int | None = None, *, monitoring: bool = False,
+              gpu_exporter: bool = False) -> Configured:  # fmt: skip
     """The compose settings for `plan` (replicas behind the router when `gpu_sets` (else
-    GPU_SETS) or `replicas` is given; Prometheus scraping them with `monitoring`), validated;
+    GPU_SETS) or `replicas` is given; Prometheus and Grafana watching them with `monitoring`,
+    and dcgm-exporter too with `gpu_exporter`, the NVIDIA runtime being present), validated;
     writes nothing."""
     gpu_sets = gpu_sets or settings.gpu_sets
     port, bind = settings.host_port, settings.bind_address  # compose publishes these: checked
@@ -79,12 +110,7 @@ def configure(plan: Plan, settings: Settings, gpu_sets: str | None = None,
         doc = compose_document(plan, gpu_sets, replicas, port, bind)
         values["COMPOSE_FILE"] = REPLICAS_FILE.name
     if monitoring:
-        # `docker compose up`/`down` then include Prometheus (compose reads COMPOSE_PROFILES)
-        values["COMPOSE_PROFILES"] = MONITORING_PROFILE
-        values["PROMETHEUS_IMAGE"] = resolve_image("prometheus", settings.merged)
-        servers = sorted(s for s in (doc or {}).get("services", {}) if s.startswith("vllm-"))
-        port_in = plan.profile.deployment.port
-        values["PROMETHEUS_TARGETS"] = ",".join(f"{s}:{port_in}" for s in servers or ["vllm"])
+        values |= monitoring_values(plan, settings, doc, gpu_exporter=gpu_exporter)
     return Configured(plan, values, doc)
 
 
@@ -102,8 +128,20 @@ def ensure_secret_files() -> None:
         path.chmod(0o644)
 
 
+def ensure_grafana_password(path: Path = GRAFANA_PASSWORD_FILE) -> bool:
+    """A random Grafana admin password in its secret file when the file is empty or absent
+    (Grafana would otherwise start with its well-known default); True when one was written."""
+    if path.is_file() and path.read_text(encoding="utf-8").strip():
+        return False
+    path.write_text(secrets.token_urlsafe(24), encoding="utf-8")
+    return True
+
+
 def write(result: Configured) -> None:
     ensure_secret_files()
+    monitored = MONITORING_PROFILE in result.values.get("COMPOSE_PROFILES", "").split(",")
+    if monitored and ensure_grafana_password():
+        print(f"# Grafana: a random admin password written to {GRAFANA_PASSWORD_FILE}")
     if result.replicas_doc is not None:
         REPLICAS_FILE.write_text(yaml.safe_dump(result.replicas_doc, sort_keys=False),
                                  encoding="utf-8")  # fmt: skip

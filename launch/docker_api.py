@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 from typing import Any
 
 from launch.errors import UsageError
@@ -105,3 +106,25 @@ def bridge_address(client: Any) -> str:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         request = struct.pack("256s", name[:15].encode())
         return socket.inet_ntoa(fcntl.ioctl(sock.fileno(), SIOCGIFADDR, request)[20:24])
+
+
+CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
+"""Where the NVIDIA Container Toolkit writes its CDI specs (`nvidia-ctk cdi generate`)."""
+
+
+def nvidia_cdi_specs() -> list[str]:
+    return [str(p) for d in CDI_DIRS for p in sorted(Path(d).glob("nvidia*.yaml"))]
+
+
+def nvidia_runtime() -> bool:
+    """Whether containers here can get NVIDIA GPUs: the engine lists the `nvidia` runtime, or a
+    CDI spec of NVIDIA's is present. An engine that does not answer counts as no."""
+    if nvidia_cdi_specs():
+        return True
+    import docker
+
+    try:
+        client = docker.DockerClient(base_url=engine_address(), version="auto", timeout=10)
+        return "nvidia" in (client.info().get("Runtimes") or {})
+    except engine_errors():
+        return False

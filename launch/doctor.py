@@ -17,6 +17,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launch.docker_api import nvidia_cdi_specs
 from launch.errors import UsageError
 from launch.host_facts import (
     AcsControl,
@@ -407,7 +408,7 @@ def gather(recorded: Recorded, image: str | None, profile: Profile,
         memory=read_host_memory(),
         memory_total=read_host_memory_total(),
         hook=shutil.which("nvidia-container-runtime-hook"),
-        cdi=[str(p) for d in ("/etc/cdi", "/var/run/cdi") for p in Path(d).glob("nvidia*.yaml")],
+        cdi=nvidia_cdi_specs(),
         weights=hub_weights([(r.repo_id, r.revision) for r in weight_repos(profile)],
                             settings.get("HF_ENDPOINT") or HUB, settings.hf_token()),
     )

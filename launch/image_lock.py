@@ -35,10 +35,12 @@ SOURCES = {
 """Image sources a profile can run (`deployment.image`) -> lock key."""
 BASES = {"cuda": "base", "cpu": "cpu-base"}
 """Image engine (docker/build.py --engine) -> the pin source of the base it is built from."""
-PIN_KEYS = {**SOURCES, "base": "BASE_IMAGE", "cpu-base": "CPU_BASE_IMAGE",
-            "prometheus": "PROMETHEUS_IMAGE"}  # fmt: skip
+MONITORING_SOURCES = {"prometheus": "PROMETHEUS_IMAGE", "grafana": "GRAFANA_IMAGE",
+                      "dcgm-exporter": "DCGM_EXPORTER_IMAGE"}  # fmt: skip
+"""The monitoring compose profiles' images -> lock key (compose/compose.yaml reads the keys)."""
+PIN_KEYS = {**SOURCES, "base": "BASE_IMAGE", "cpu-base": "CPU_BASE_IMAGE", **MONITORING_SOURCES}
 """Everything `make pin` can write: the profile images, the builds' base images and the
-monitoring profile's Prometheus."""
+monitoring profiles' images."""
 DIGEST_REF = re.compile(
     r"^(?P<name>[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*)"
     r"@(?P<digest>sha256:[0-9a-f]{64})$"

@@ -15,6 +15,11 @@ from launch.gpus import example_gpus, gpu_list_problem, parse_gpus
 from launch.plan import Plan
 
 ROUTER_PORT = 8000
+MONITORING_PROFILES = ("monitoring", "gpu-monitoring")
+"""compose/compose.yaml's profiles of Prometheus and Grafana, and of dcgm-exporter."""
+ROUTER_METRICS_PORT = 29000
+"""vllm-router's Prometheus exporter (its default port), on the project's network only: the
+monitoring profile scrapes it; compose does not publish it."""
 ROUTER_POLICY = "cache_aware"  # prefix-aware routing keeps a conversation's KV cache warm
 SECRET = "glm53-secrets"
 """The Kubernetes Secret holding the files compose mounts at /run/secrets (keys vllm_api_key,
@@ -103,8 +108,10 @@ def compose_replicas(plan: Plan, gpu_sets: list[tuple[int, ...]], *, base: dict[
                        for i in range(len(gpu_sets))},
         "init": True,
     }  # fmt: skip
-    # the monitoring profile scrapes the replicas (`make configure` writes PROMETHEUS_TARGETS)
-    services["prometheus"] = copy.deepcopy(base["services"]["prometheus"])
+    # the monitoring profiles watch the replicas and the router (`make configure` writes
+    # PROMETHEUS_TARGETS and ROUTER_METRICS_TARGETS)
+    services |= {name: copy.deepcopy(service) for name, service in base["services"].items()
+                 if set(service.get("profiles", ())) & set(MONITORING_PROFILES)}  # fmt: skip
     return {"name": base["name"], "services": services, "volumes": copy.deepcopy(base["volumes"]),
             "secrets": copy.deepcopy(base["secrets"]), "configs": copy.deepcopy(base["configs"])}
 
@@ -112,6 +119,7 @@ def compose_replicas(plan: Plan, gpu_sets: list[tuple[int, ...]], *, base: dict[
 def router_argv(workers: list[str]) -> list[str]:
     return [
         "vllm-router", "--host", "0.0.0.0", "--port", str(ROUTER_PORT),
+        "--prometheus-host", "0.0.0.0", "--prometheus-port", str(ROUTER_METRICS_PORT),
         "--policy", ROUTER_POLICY, "--worker-urls", *workers,
     ]  # fmt: skip
 

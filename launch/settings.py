@@ -26,7 +26,8 @@ SECRETS_DIR = COMPOSE_DIR / "secrets"
 """The secret files compose mounts at /run/secrets (`make configure` creates them empty, 0644 in a
 0700 directory: readable by the server's unprivileged user through the mount, by no other user
 of the host)."""
-SECRETS = {"VLLM_API_KEY": "vllm_api_key", "HF_TOKEN": "hf_token"}
+SECRETS = {"VLLM_API_KEY": "vllm_api_key", "HF_TOKEN": "hf_token",
+           "GRAFANA_ADMIN_PASSWORD": "grafana_admin_password"}
 """The secrets a user gives -> their file name under compose/secrets and /run/secrets."""
 ENVIRONMENT = "environment"
 DEFAULT_HOST_PORT = 8000

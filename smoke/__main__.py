@@ -1,5 +1,5 @@
-"""`python -m smoke {check,geometry,bench,compare,soak,top}`: 0 pass, 1 a check failed, 2 bad
-usage."""
+"""`python -m smoke {check,geometry,bench,compare,soak,top,dashboard}`: 0 pass, 1 a check
+failed, 2 bad usage."""
 
 from __future__ import annotations
 
@@ -8,9 +8,17 @@ import sys
 from collections.abc import Sequence
 
 from launch.errors import USAGE_EXIT, UsageError
-from smoke import bench_cmd, check_cmd, compare_cmd, geometry_cmd, soak_cmd, top_cmd
+from smoke import (
+    bench_cmd,
+    check_cmd,
+    compare_cmd,
+    dashboard_cmd,
+    geometry_cmd,
+    soak_cmd,
+    top_cmd,
+)
 
-COMMANDS = (check_cmd, geometry_cmd, bench_cmd, compare_cmd, soak_cmd, top_cmd)
+COMMANDS = (check_cmd, geometry_cmd, bench_cmd, compare_cmd, soak_cmd, top_cmd, dashboard_cmd)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

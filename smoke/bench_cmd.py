@@ -21,6 +21,7 @@ from launch.errors import UsageError
 from launch.plan import Plan
 from smoke.bench import receipt as receipts
 from smoke.bench.cells import BenchError, RequestSettings
+from smoke.bench.plot import write_png
 from smoke.bench.session import (
     CELL_KINDS,
     MAX_CONCURRENCY,
@@ -58,6 +59,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     p.add_argument("--out", type=Path, help="receipt path (default results/<profile>-<time>.json)")
     p.add_argument("--resume", action="store_true", help="keep the cells --out already holds")
+    p.add_argument("--plot", action="store_true",
+                   help="also draw the receipt as a PNG beside it (<receipt>.png)")  # fmt: skip
     defaults = BenchOptions()
     p.add_argument("--concurrency", type=concurrency, nargs="+", default=list(defaults.concurrency))
     p.add_argument("--duration", type=positive_float, default=defaults.duration)
@@ -160,4 +163,6 @@ def run(args: argparse.Namespace) -> int:
         return 1
     receipts.save(out, receipt)
     print(f"receipt: {out}")
+    if args.plot:
+        print(f"plot: {write_png([(out.stem, receipt)], out.with_suffix('.png'))}")
     return 0

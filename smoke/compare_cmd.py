@@ -3,7 +3,8 @@
 Per cell: the mean of A and of B and the relative change of B against A (target steps/s for
 decode when acceptance was measured, else output tok/s; prompt tok/s for prefill; the repeat's
 TTFT for the prefix-reuse cell, beside each side's host KV tier), the KV capacity each server's
-log reported, and whether the parity hashes match.
+log reported, and whether the parity hashes match. It also draws both as a PNG (`--plot`,
+default beside B: `<A>-vs-<B>.png`; smoke.bench.plot) and prints its path.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from launch.errors import UsageError
 from launch.kv_offload import OFFLOAD_FLAGS, tier_in_argv
 from smoke.bench import receipt as receipts
+from smoke.bench.plot import write_png
 
 NAME = "compare"
 COLD_JIT = ("a matching hash is warmed-path evidence, not a determinism guarantee: a first "
@@ -25,15 +27,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p = subparsers.add_parser(NAME, help="compare two bench receipts (A = control, B = candidate)")
     p.add_argument("a", type=Path, help="control receipt")
     p.add_argument("b", type=Path, help="candidate receipt")
+    p.add_argument("--plot", type=Path,
+                   help="the PNG (default <B's directory>/<A>-vs-<B>.png)")
     return p
+
+
+def default_plot(a: Path, b: Path) -> Path:
+    return b.parent / f"{a.stem}-vs-{b.stem}.png"
 
 
 def _metric(cell: dict[str, Any]) -> tuple[str, float | None]:
     s = cell["summary"]
     if cell["kind"] == "decode":
-        if s["target_steps_s"] is not None:
-            return "target steps/s", s["target_steps_s"]
-        return "output tok/s", s["output_tok_s"]
+        key, value = receipts.decode_speed(s)
+        return receipts.DECODE_SPEEDS[key], value
     if cell["kind"] == "prefix_reuse":
         return "repeat TTFT s", s["ttft_repeat_s"]
     return "prompt tok/s", s["prompt_tok_s"]
@@ -124,4 +131,6 @@ def run(args: argparse.Namespace) -> int:
     for line in warnings(a, b):
         print(line)
     print(table(a, b))
+    png = write_png([("A", a), ("B", b)], args.plot or default_plot(args.a, args.b))
+    print(f"plot: {png}")
     return 0

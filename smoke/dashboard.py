@@ -1,9 +1,10 @@
 """The kit's GLM-5.3 serving dashboard, defined once: each panel's PromQL lives here and nowhere
-else (no Grafana renders it yet: docs/monitoring.md reads the queries through Prometheus' API).
-The e2e lane asks the kit's Prometheus every query of them on the real engine, and the tests
-check every metric a query names against what the installed vLLM registers, so a renamed metric
-fails a test, not a user's dashboard (vLLM renamed `gpu_cache_usage_perc` to
-`kv_cache_usage_perc` once, and dashboards showed "No Data").
+else. `grafana_dashboard` renders it as the Grafana dashboard the monitoring profile provisions
+(compose/grafana/glm53.json, written by `python -m smoke dashboard`; a test fails when the file
+and this module disagree). The e2e lane asks the kit's Prometheus every query of them on the real
+engine, and the tests check every metric a query names against what the installed vLLM
+registers, so a renamed metric fails a test, not a user's dashboard (vLLM renamed
+`gpu_cache_usage_perc` to `kv_cache_usage_perc` once, and dashboards showed "No Data").
 
 Queries aggregate by `instance`, so a scaled-out service (replicas behind the router) gets a
 series per replica; a single server gets one.
@@ -11,10 +12,13 @@ series per replica; a single server gets one.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
+from typing import Any
 
 from smoke.bench.metrics import (
     COUNTERS,
@@ -122,13 +126,13 @@ PANELS: tuple[Panel, ...] = (
               f"(position) group_left {_per_instance(_rate(DRAFTS))}",
               "position {{position}} {{instance}}"),), Needs.SPECULATION),
     Panel("GPU utilization", "percent", (
-        Query("DCGM_FI_DEV_GPU_UTIL", "GPU {{gpu}} {{Hostname}}"),), Needs.GPU),
+        Query("DCGM_FI_DEV_GPU_UTIL", "GPU {{gpu}}"),), Needs.GPU),
     Panel("GPU memory used", "decmbytes", (
-        Query("DCGM_FI_DEV_FB_USED", "GPU {{gpu}} {{Hostname}}"),), Needs.GPU),
+        Query("DCGM_FI_DEV_FB_USED", "GPU {{gpu}}"),), Needs.GPU),
     Panel("GPU power", "watt", (
-        Query("DCGM_FI_DEV_POWER_USAGE", "GPU {{gpu}} {{Hostname}}"),), Needs.GPU),
+        Query("DCGM_FI_DEV_POWER_USAGE", "GPU {{gpu}}"),), Needs.GPU),
     Panel("Last XID error", "short", (
-        Query("DCGM_FI_DEV_XID_ERRORS", "GPU {{gpu}} {{Hostname}}"),), Needs.GPU),
+        Query("DCGM_FI_DEV_XID_ERRORS", "GPU {{gpu}}"),), Needs.GPU),
 )  # fmt: skip
 
 _SERIES = re.compile(r"\b(vllm:[a-z0-9_]+|DCGM_FI_[A-Z0-9_]+)\b")
@@ -164,3 +168,70 @@ def unregistered(series: Iterable[str], registered: Iterable[str]) -> list[str]:
     """The series that no registered metric exposes (compared by family, `_family`)."""
     families = {_family(name) for name in registered}
     return sorted(s for s in series if _family(s) not in families)
+
+
+DASHBOARD_FILE = Path(__file__).resolve().parent.parent / "compose" / "grafana" / "glm53.json"
+"""Where compose's `grafana-dashboard` config reads the rendered dashboard from."""
+DASHBOARD_UID = "glm53-serving"
+_ROWS = ((None, "Serving"), (Needs.SPECULATION, "Speculative decoding"),
+         (Needs.GPU, "GPUs (dcgm-exporter)"))  # fmt: skip
+_WIDTH, _HEIGHT = 12, 8
+"""Two panels side by side on Grafana's 24-column grid."""
+
+
+def _grafana_panel(panel: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
+    targets = [
+        {"refId": chr(ord("A") + i), "expr": q.expr, "legendFormat": q.legend,
+         **({"format": "table", "instant": True} if panel.table else {"range": True})}
+        for i, q in enumerate(panel.queries)
+    ]  # fmt: skip
+    return {
+        "id": panel_id,
+        "type": "table" if panel.table else "timeseries",
+        "title": panel.title,
+        "description": f"Empty without {panel.needs.value}." if panel.needs else "",
+        "gridPos": {"h": _HEIGHT, "w": _WIDTH, "x": x, "y": y},
+        "fieldConfig": {"defaults": {"unit": panel.unit}, "overrides": []},
+        "options": {} if panel.table else {"legend": {"displayMode": "list", "placement": "bottom"},
+                                           "tooltip": {"mode": "multi"}},
+        "targets": targets,
+    }  # fmt: skip
+
+
+def grafana_dashboard(panels: Iterable[Panel] = PANELS) -> dict[str, Any]:
+    """The panels as a Grafana dashboard (schema 39): a row per need (none, speculation, GPUs),
+    two panels a line; the queries read the provisioned default datasource (the kit's
+    Prometheus), so the file names no datasource id."""
+    panels = tuple(panels)
+    out: list[dict[str, Any]] = []
+    y = 0
+    for needs, title in _ROWS:
+        chosen = [p for p in panels if p.needs is needs]
+        if not chosen:
+            continue
+        grid = {"h": 1, "w": 2 * _WIDTH, "x": 0, "y": y}
+        out.append({"id": len(out) + 1, "type": "row", "title": title, "collapsed": False,
+                    "gridPos": grid, "panels": []})  # fmt: skip
+        y += 1
+        for i, panel in enumerate(chosen):
+            out.append(_grafana_panel(panel, len(out) + 1, (i % 2) * _WIDTH, y + i // 2 * _HEIGHT))
+        y += (len(chosen) + 1) // 2 * _HEIGHT
+    return {
+        "uid": DASHBOARD_UID,
+        "title": "GLM-5.3 serving (glm53 kit)",
+        "tags": ["vllm", "glm53"],
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": False,
+        "refresh": "15s",
+        "time": {"from": "now-1h", "to": "now"},
+        "timezone": "browser",
+        "templating": {"list": []},
+        "annotations": {"list": []},
+        "panels": out,
+    }
+
+
+def dashboard_json(panels: Iterable[Panel] = PANELS) -> str:
+    """The dashboard file's exact text (sorted keys, two-space indent, a final newline)."""
+    return json.dumps(grafana_dashboard(panels), indent=2, sort_keys=True) + "\n"

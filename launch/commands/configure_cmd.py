@@ -15,6 +15,7 @@ import argparse
 from launch.commands.common import add_profile_arguments, add_replica_arguments
 from launch.compose_config import configure, show, write
 from launch.compose_env import env_path
+from launch.docker_api import nvidia_runtime
 from launch.image_lock import COMPOSE_DIR
 from launch.plan import plan_for
 from launch.settings import read_settings
@@ -33,7 +34,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     settings = read_settings(args.sets)
     result = configure(plan_for(settings, args.profile), settings, args.gpu_sets, args.replicas,
-                       monitoring=args.monitoring)
+                       monitoring=args.monitoring,
+                       gpu_exporter=args.monitoring and nvidia_runtime())
     print(show(result))
     if not args.dry_run:
         write(result)

@@ -17,6 +17,7 @@ import shlex
 from launch.commands.common import add_profile_arguments, add_replica_arguments
 from launch.compose_config import configure, prepare_compose, show
 from launch.compose_env import compose_env_args
+from launch.docker_api import nvidia_runtime
 from launch.image_lock import COMPOSE_DIR
 from launch.kv_offload import read_host_memory
 from launch.plan import plan_for
@@ -44,7 +45,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     settings = read_settings(args.sets)
     result = configure(plan_for(settings, args.profile), settings, args.gpu_sets, args.replicas,
-                       monitoring=args.monitoring)
+                       monitoring=args.monitoring,
+                       gpu_exporter=args.monitoring and nvidia_runtime())
     check_host_memory(result.plan.profile, read_host_memory())
     argv = ["docker", "compose", *compose_env_args(),
             *(["config"] if args.config else ["up", "--detach"])]  # fmt: skip

@@ -96,6 +96,19 @@ STATIC_LIMITATIONS = [
 ]
 
 
+DECODE_SPEEDS = {"target_steps_s": "target steps/s", "output_tok_s": "output tok/s"}
+"""A decode result's speed keys -> how they are shown."""
+
+
+def decode_speed(values: Mapping[str, Any]) -> tuple[str, float | None]:
+    """A decode sample's or summary's speed, as (key, value): target steps/s where acceptance was
+    measured (a speculating server's tokens/s over-counts its steps), else output tok/s. The one
+    choice `make compare` and its plot both use."""
+    if values.get("target_steps_s") is not None:
+        return "target_steps_s", values["target_steps_s"]
+    return "output_tok_s", values.get("output_tok_s")
+
+
 def summarize(kind: str, samples: list[dict[str, Any]]) -> dict[str, Any]:
     """Means over the samples of one cell."""
 

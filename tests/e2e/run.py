@@ -35,14 +35,16 @@ from tests.e2e.steps import (
     faults,
     images,
     monitoring,
+    recorded,
     restart,
     serving,
     soak,
     weights,
 )
 
-BESIDE = Beside((monitoring.PROMETHEUS_IMAGE, images.CUDA_BASE, images.CUDA_BUILD,
-                 images.CUDA_LAYERS, images.CUDA_SELFCHECK, images.CUDA_PIN))  # fmt: skip
+BESIDE = Beside((monitoring.PROMETHEUS_IMAGE, recorded.SPECULATION, images.CUDA_BASE,
+                 images.CUDA_BUILD, images.CUDA_LAYERS, images.CUDA_SELFCHECK,
+                 images.CUDA_PIN))  # fmt: skip
 """The image builds that run beside the CPU image's (harness.Beside)."""
 BESIDE_START = Step("the Prometheus and CUDA images start building beside the CPU image",
                     BESIDE.start, (images.ENGINE,))  # fmt: skip
@@ -64,6 +66,7 @@ STEPS: tuple[Step, ...] = (
     serving.PRIVATE_SHM,
     serving.SMOKE,
     bench.BENCH,
+    bench.PLOTS,
     restart.CRASH,
     weights.FETCH,
     weights.FULL_DISK,

@@ -302,3 +302,43 @@ def bench(run: Run) -> str:
 
 
 BENCH = Step("make bench: decode and prefill = vllm bench serve", bench, (HEALTHY,))
+
+
+PLOT_BENCH_ARGS = ("--concurrency 1 4 --duration 3 --warmup 1 --repeats 2 --max-tokens 64 "
+                   "--prefill-tokens 1024 --prefill-repeats 2 --skip parity --skip reuse --plot")
+"""Two concurrencies and two repeats each, so the plot has a line, a spread and a prefill."""
+
+
+def png_drawn(path: Path) -> str:
+    """What the PNG at `path` is: a picture of the expected size with something drawn on each
+    of its three panels (a blank or failed figure is one colour)."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        if image.format != "PNG":
+            raise StepFailed(f"{path} is not a PNG ({image.format})")
+        width, height = image.size
+        grey = image.convert("L")
+        thirds = [grey.crop((i * width // 3, 0, (i + 1) * width // 3, height)) for i in range(3)]
+        inked = [sum(1 for v in third.getdata() if v < 128) for third in thirds]
+    if not all(inked):
+        raise StepFailed(f"{path}: a panel has nothing drawn ({inked} dark pixels by panel)")
+    return f"{path.name} {width}x{height}"
+
+
+def plots(run: Run) -> str:
+    """`make bench ... --plot` twice on the real server (each writes its receipt's PNG), then
+    `make compare` of the two receipts, which writes and names the A/B PNG."""
+    receipts = [run.work / f"plot-{side}.json" for side in ("a", "b")]
+    for out in receipts:
+        make(run, "bench", f"PROFILE={PROFILE}", f"BENCH_ARGS={PLOT_BENCH_ARGS} --out {out}")
+    done = make(run, "compare", f"A={receipts[0]}", f"B={receipts[1]}")
+    named = [line.removeprefix("plot: ") for line in done.stdout.splitlines()
+             if line.startswith("plot: ")]  # fmt: skip
+    if len(named) != 1 or not Path(named[0]).is_file():
+        raise StepFailed(f"make compare named no PNG it wrote: {done.stdout[-400:]}")
+    drawn = [png_drawn(p) for p in (*[r.with_suffix(".png") for r in receipts], Path(named[0]))]
+    return f"{'; '.join(drawn)} from receipts {[r.name for r in receipts]}"
+
+
+PLOTS = Step("make bench --plot and make compare write PNGs of real receipts", plots, (HEALTHY,))
