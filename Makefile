@@ -29,7 +29,7 @@ help:
 	@echo "make bench PROFILE=name   qualification bench against a started server (receipt in results/)"
 	@echo "make compare A=a.json B=b.json   the seed-style A/B table of two receipts"
 	@echo "make soak PROFILE=name DURATION=30m   mixed load on a started server, a line per minute"
-	@echo "make top PROFILE=name     the started server, a line per 2 s from its /metrics"
+	@echo "make top PROFILE=name     the started server(s), live from /metrics (one screen)"
 	@echo "make bench-client         the bench client's own speed against vLLM's client"
 
 # The Makefile is a prerequisite too: the torch and vLLM pins below live here.
@@ -160,8 +160,8 @@ soak: $(KIT_STAMP)
 	@test -n "$(PROFILE)" -a -n "$(DURATION)" || { echo "usage: make soak PROFILE=<name> DURATION=30m [URL=...] [SOAK_ARGS=...]"; exit 2; }
 	$(KIT_PY) -m smoke soak --profile $(PROFILE) --duration $(DURATION) $(if $(URL),--url $(URL)) $(SOAK_ARGS)
 
-# `make top PROFILE=name` (or $PROFILE from compose/.env): a line per 2 s from the server's
-# /metrics until Ctrl-C; TOP_ARGS="--once --json" for one machine-readable interval.
+# `make top PROFILE=name`: the server (every replica when scaled out) from its /metrics, one
+# screen redrawn each second until Ctrl-C; TOP_ARGS="--once --json" for one interval as JSON.
 top: $(KIT_STAMP)
 	$(KIT_PY) -m smoke top $(if $(PROFILE),--profile $(PROFILE)) $(if $(URL),--url $(URL)) $(TOP_ARGS)
 

@@ -63,6 +63,8 @@ class Panel:
     needs: Needs | None = None
     table: bool = False
     """Shown as a table of the series' labels (the cache configuration), not over time."""
+    columns: tuple[str, ...] = ()
+    """A table's columns: the labels shown, in order (vLLM's info metric has some forty)."""
 
 
 def _rate(series: str) -> str:
@@ -117,7 +119,10 @@ PANELS: tuple[Panel, ...] = (
               f"{_per_instance(_rate('vllm:external_prefix_cache_queries_total'))}",
               "host tier {{instance}}"))),
     Panel("KV cache configuration", "short", (
-        Query("vllm:cache_config_info", "{{instance}}"),), table=True),
+        Query("vllm:cache_config_info", "{{instance}}"),), table=True,
+        columns=("instance", "num_gpu_blocks", "block_size", "kv_cache_size_tokens",
+                 "kv_cache_max_concurrency", "kv_cache_memory_bytes", "cache_dtype",
+                 "enable_prefix_caching")),
     Panel("Speculative acceptance length", "short", (
         Query(f"1 + {_per_instance(_rate(ACCEPTED))} / {_per_instance(_rate(DRAFTS))}",
               "{{instance}}"),), Needs.SPECULATION),
@@ -195,6 +200,12 @@ def _grafana_panel(panel: Panel, panel_id: int, x: int, y: int) -> dict[str, Any
         "options": {} if panel.table else {"legend": {"displayMode": "list", "placement": "bottom"},
                                            "tooltip": {"mode": "multi"}},
         "targets": targets,
+        # a table shows its columns, in order, and nothing else
+        "transformations": [
+            {"id": "filterFieldsByName", "options": {"include": {"names": list(panel.columns)}}},
+            {"id": "organize", "options": {"indexByName": {c: i for i, c in
+                                                           enumerate(panel.columns)}}},
+        ] if panel.columns else [],
     }  # fmt: skip
 
 

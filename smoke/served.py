@@ -4,7 +4,11 @@ plan, base URL, API key and the bench client's target (a bad one exits 2 naming 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
 
 from launch.cli_args import add_api_key_argument, add_set_argument
 from launch.errors import UsageError
@@ -45,3 +49,19 @@ def served(profile: str | None, sets: list[str], url: str | None,
     except ValueError as err:
         raise UsageError("--url", url, str(err), "e.g. --url http://127.0.0.1:8000") from err
     return Served(settings, plan, url, api_key, target)
+
+
+def replica_urls(generated: Mapping[str, str], replicas_file: Path) -> dict[str, str]:
+    """Each replica's own URL when `configure` scaled the service out (compose/.env runs the
+    replicas file): service name -> http://127.0.0.1:<its published port>, as the file publishes
+    it; empty for a single server."""
+    if generated.get("COMPOSE_FILE") != replicas_file.name or not replicas_file.is_file():
+        return {}
+    services = yaml.safe_load(replicas_file.read_text(encoding="utf-8")).get("services", {})
+    urls = {}
+    for name in sorted(services, key=lambda n: (len(n), n)):
+        if name.startswith("vllm-") and services[name].get("ports"):
+            host, port, _inner = str(services[name]["ports"][0]).rsplit(":", 2)
+            # published on every address: this host reaches it on loopback
+            urls[name] = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    return urls

@@ -7,7 +7,7 @@ out; the command reads and prints."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -66,22 +66,49 @@ class View:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
-    def line(self) -> str:
+    def cells(self) -> list[tuple[str, str]]:
+        """(column, value as shown) for each figure, in the order the view shows them."""
+
         def f(value: float | None, fmt: str, scale: float = 1.0) -> str:
             return "-" if value is None else format(value * scale, fmt)
 
         ms = lambda v: f(v, ".0f", 1e3)  # noqa: E731
-        return "  ".join((
-            f"running {f(self.running, '.0f')}", f"waiting {f(self.waiting, '.0f')}",
-            f"KV {f(self.kv_usage, '.1%')}", f"req/s {f(self.requests_per_s, '.2f')}",
-            f"prompt {f(self.prompt_tok_s, '.0f')} tok/s",
-            f"gen {f(self.generation_tok_s, '.1f')} tok/s",
-            f"TTFT p50 {ms(self.ttft_p50_s)} p99 {ms(self.ttft_p99_s)} ms",
-            f"ITL p50 {ms(self.itl_p50_s)} p99 {ms(self.itl_p99_s)} ms",
-            f"prefix hits {f(self.prefix_hit_rate, '.0%')}",
-            f"accept {f(self.acceptance_length, '.2f')}",
-            f"preempted {f(self.preemptions, '.0f')}",
-        ))  # fmt: skip
+        return [
+            ("running", f(self.running, ".0f")), ("waiting", f(self.waiting, ".0f")),
+            ("KV", f(self.kv_usage, ".1%")), ("req/s", f(self.requests_per_s, ".2f")),
+            ("prompt/s", f(self.prompt_tok_s, ".0f")), ("gen/s", f(self.generation_tok_s, ".1f")),
+            ("TTFT50", ms(self.ttft_p50_s)), ("TTFT99", ms(self.ttft_p99_s)),
+            ("ITL50", ms(self.itl_p50_s)), ("ITL99", ms(self.itl_p99_s)),
+            ("prefix", f(self.prefix_hit_rate, ".0%")),
+            ("accept", f(self.acceptance_length, ".2f")),
+            ("preempted", f(self.preemptions, ".0f")),
+        ]  # fmt: skip
+
+    def line(self) -> str:
+        return "  ".join(f"{name} {value}" for name, value in self.cells())
+
+
+SERVER = "server"
+"""The first column of the screen: each row's server (its name, or the URL's port)."""
+
+
+def screen(rows: Sequence[tuple[str, View | str]], stamp: str, interval_s: float) -> str:
+    """One screen: a title, the column names, a row per server (a server that did not answer
+    shows why instead of its figures). Pure text; the command clears the terminal first."""
+    names = [SERVER, *(name for name, _ in _EMPTY.cells())]
+    table = [names]
+    notes = []
+    for server, shown in rows:
+        if isinstance(shown, View):
+            table.append([server, *(value for _, value in shown.cells())])
+        else:
+            notes.append(f"{server}: {shown}")
+    widths = [max(len(row[i]) for row in table) for i in range(len(names))]
+    lines = [f"glm53 top  {stamp}  every {interval_s:g} s: tokens/s, latencies p50/p99 in ms, "
+             "prefix-cache hits, acceptance length  (Ctrl-C ends)", ""]
+    lines += ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in
+                        enumerate(zip(row, widths, strict=True))) for row in table]  # fmt: skip
+    return "\n".join([*lines, *notes]) + "\n"
 
 
 def _delta(before: Mapping[str, float], after: Mapping[str, float], name: str) -> float | None:
@@ -123,3 +150,7 @@ def view(before: Reading, after: Reading) -> View:
                                             spec_counters(after.counters)),
         preemptions=_delta(before.counters, after.counters, PREEMPTIONS),
     )  # fmt: skip
+
+
+_EMPTY = View(0.0, *([None] * 13))
+"""A view with no figures: the column names when no server answered."""

@@ -1,6 +1,9 @@
-"""`python -m smoke top` (`make top`): the started server, a line per `--interval` from two reads
-of its /metrics (`smoke.top`) until Ctrl-C; `--once` prints one interval and exits, `--json` a
-JSON object per line. Exit 0; 1 when /metrics cannot be read; 2 on bad usage."""
+"""`python -m smoke top` (`make top`): the started server, or every replica when compose/.env runs
+the service scaled out, from two reads of each one's /metrics per `--interval` (`smoke.top`)
+until Ctrl-C. On a terminal, one screen redrawn each interval, a row per server; piped, a line
+per server per interval; `--json` a JSON object per server per interval; `--once` one interval,
+then exit. Exit 0; 1 when a server's /metrics cannot be read (at the start, or at all with
+`--once`; later, its row says why and the view goes on); 2 on bad usage."""
 
 from __future__ import annotations
 
@@ -9,54 +12,91 @@ import datetime as dt
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import requests
 
 from launch.cli_args import duration
+from launch.compose_config import REPLICAS_FILE
+from launch.compose_env import generated
 from smoke.client import CheckFailed, Server, metrics_text
-from smoke.served import add_served_arguments, served
-from smoke.top import reading, view
+from smoke.served import add_served_arguments, replica_urls, served
+from smoke.top import Reading, View, reading, screen, view
 
 NAME = "top"
-DEFAULT_INTERVAL_S = 2.0
+DEFAULT_INTERVAL_S = 1.0
+CLEAR = "\x1b[H\x1b[2J"
+"""Cursor home, then erase the screen (ANSI): each redraw replaces the last."""
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(NAME, help="the started server, a line per interval from /metrics")
+    p = subparsers.add_parser(NAME, help="the started server(s), live from /metrics")
     add_served_arguments(p)
     p.add_argument("--interval", type=duration, default=DEFAULT_INTERVAL_S,
-                   help="seconds between the two reads of a line (default 2)")  # fmt: skip
+                   help="seconds between the two reads of a refresh (default 1)")  # fmt: skip
     p.add_argument("--once", action="store_true", help="one interval, then exit")
-    p.add_argument("--json", action="store_true", help="a JSON object per line")
+    p.add_argument("--json", action="store_true", help="a JSON object per server and interval")
     return p
 
 
-def watch(server: Server, interval_s: float, *, once: bool, as_json: bool,
-          out: Callable[[str], None], sleep: Callable[[float], None] = time.sleep) -> int:
-    """Read /metrics every `interval_s` and print what happened in between."""
+def _read(server: Server) -> Reading:
+    return reading(metrics_text(server), time.monotonic())
+
+
+def watch(servers: Mapping[str, Server], interval_s: float, *, once: bool, as_json: bool,
+          on_screen: bool, out: Callable[[str], None],
+          sleep: Callable[[float], None] = time.sleep) -> int:  # fmt: skip
+    """Read every server's /metrics each `interval_s` and show what each did in between."""
+    errors = (CheckFailed, requests.RequestException, ValueError)
+    before: dict[str, Reading | str] = {}
+    for name, server in servers.items():
+        try:
+            before[name] = _read(server)
+        except errors as err:
+            print(f"error: {server.url('/metrics')}: {err}", file=sys.stderr)
+            return 1
     try:
-        before = reading(metrics_text(server), time.monotonic())
         while True:
             sleep(interval_s)
-            after = reading(metrics_text(server), time.monotonic())
-            shown = view(before, after)
             now = dt.datetime.now().strftime("%H:%M:%S")
-            out(json.dumps({"time": now, **shown.to_json()}) if as_json
-                else f"{now}  {shown.line()}")  # fmt: skip
+            shown: dict[str, View | str] = {}
+            after: dict[str, Reading | str] = {}
+            for name, server in servers.items():
+                try:
+                    after[name] = _read(server)
+                except errors as err:
+                    if once:
+                        print(f"error: {server.url('/metrics')}: {err}", file=sys.stderr)
+                        return 1
+                    after[name] = f"no answer: {err}"
+                old, new = before[name], after[name]
+                shown[name] = (view(old, new) if isinstance(old, Reading) and isinstance(
+                    new, Reading) else new if isinstance(new, str) else "answering again")
+            if as_json:
+                for name, v in shown.items():
+                    body = v.to_json() if isinstance(v, View) else {"error": v}
+                    out(json.dumps({"time": now, "server": name, **body}))
+            elif on_screen:
+                out(CLEAR + screen(list(shown.items()), now, interval_s))
+            else:
+                for name, v in shown.items():
+                    label = f"{name}  " if len(servers) > 1 else ""
+                    out(f"{now}  {label}{v.line() if isinstance(v, View) else v}")
             if once:
                 return 0
             before = after
-    except (CheckFailed, requests.RequestException, ValueError) as err:
-        print(f"error: {server.url('/metrics')}: {err}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         return 0
 
 
 def run(args: argparse.Namespace) -> int:
     server_of = served(args.profile, args.sets, args.url, args.api_key)
-    server = Server(server_of.url, server_of.plan.profile.engine.model_id, server_of.api_key,
-                    timeout=max(10.0, args.interval))  # fmt: skip
-    return watch(server, args.interval, once=args.once, as_json=args.json,
-                 out=lambda line: print(line, flush=True))
+    urls = {} if args.url else replica_urls(generated(), REPLICAS_FILE)
+    urls = urls or {server_of.url.rsplit("/", 1)[-1]: server_of.url}
+    timeout = max(10.0, args.interval)
+    servers = {name: Server(url, server_of.plan.profile.engine.model_id, server_of.api_key,
+                            timeout=timeout) for name, url in urls.items()}  # fmt: skip
+    return watch(servers, args.interval, once=args.once, as_json=args.json,
+                 on_screen=sys.stdout.isatty() and not args.once,
+                 out=lambda text: print(text, end="" if text.startswith(CLEAR) else "\n",
+                                        flush=True))  # fmt: skip

@@ -154,3 +154,14 @@ def test_what_the_speculation_queries_must_answer_on_the_recording():
     want = expected(SPECULATING)
     assert want == {"acceptance length": 1 + 520 / 780, "position 0": 520 / 780,
                     "position 1": 0.0, "position 2": 0.0}  # fmt: skip
+
+
+def test_the_cache_configuration_tables_columns_are_labels_vllm_reports():
+    """Each column of the table is a label of `vllm:cache_config_info` on the real CPU engine
+    (or the instance Prometheus adds), so no column stays empty."""
+    labels = {k for f in text_string_to_metric_families(CPU_METRICS) for s in f.samples
+              if s.name == "vllm:cache_config_info" for k in s.labels}  # fmt: skip
+    tables = [p for p in PANELS if p.table]
+    assert tables and all(p.columns for p in tables)
+    for panel in tables:
+        assert set(panel.columns) - {"instance"} <= labels, panel.title

@@ -9,10 +9,16 @@ import threading
 
 import pytest
 import requests
+import yaml
 
+from launch.compose_config import REPLICAS_FILE, compose_document
 from smoke.__main__ import main
 from smoke.bench.metrics import TTFT, histogram_buckets, histogram_quantile
-from smoke.top import reading, view
+from smoke.client import Server
+from smoke.served import replica_urls
+from smoke.top import reading, screen, view
+from smoke.top_cmd import CLEAR, watch
+from tests.conftest import plan_of
 from tests.test_bench import standin
 from tests.test_dashboard import CPU_METRICS
 
@@ -67,3 +73,49 @@ def test_a_server_that_does_not_answer_is_exit_1_and_bad_usage_exit_2(capsys):
     with pytest.raises(SystemExit) as usage:
         main(["top", "--profile", "cpu-tiny", "--interval", "0"])
     assert usage.value.code == 2
+
+
+def test_the_screen_has_a_row_per_server_and_says_why_one_is_missing():
+    before, after = reading(CPU_METRICS, 0.0), reading(CPU_METRICS, 1.0)
+    text = screen([("vllm-0", view(before, after)), ("vllm-1", "no answer: refused")],
+                  "10:00:00", 1.0)  # fmt: skip
+    lines = text.splitlines()
+    assert lines[0].startswith("glm53 top  10:00:00  every 1 s")
+    header, row = lines[2].split(), lines[3].split()
+    assert header[:3] == ["server", "running", "waiting"] and len(header) == len(row)
+    assert row[0] == "vllm-0" and row[header.index("gen/s")] == "0.0"
+    assert lines[4] == "vllm-1: no answer: refused"
+
+
+def test_every_replica_is_watched_on_one_screen(tmp_path, capsys):
+    """Two servers (two stand-ins) on one screen per refresh: a row each, the second's row an
+    error once it stops answering, and the view goes on."""
+    shown: list[str] = []
+    with standin() as first, standin() as second:
+        servers = {name: Server(url, "m", timeout=5) for name, url in
+                   (("vllm-0", first), ("vllm-1", second))}  # fmt: skip
+        ticks = iter(range(3))
+
+        def sleep(_: float) -> None:
+            tick = next(ticks)
+            if tick == 1:  # the second stops answering before the second refresh
+                servers["vllm-1"] = Server("http://127.0.0.1:9", "m", timeout=2)
+            if tick == 2:
+                raise KeyboardInterrupt
+
+        assert watch(servers, 1.0, once=False, as_json=False, on_screen=True,
+                     out=shown.append, sleep=sleep) == 0  # fmt: skip
+    assert len(shown) == 2 and all(s.startswith(CLEAR) for s in shown)
+    assert [line.split()[0] for line in shown[0].splitlines()[3:]] == ["vllm-0", "vllm-1"]
+    last = shown[1].splitlines()[3:]
+    assert last[0].split()[0] == "vllm-0" and last[1].startswith("vllm-1: no answer: ")
+
+
+def test_the_replicas_of_a_scaled_out_service_are_found_where_compose_publishes_them(tmp_path):
+    plan = plan_of("cpu-tiny")
+    doc = compose_document(plan, None, 2, 8000, "127.0.0.1")
+    replicas = tmp_path / REPLICAS_FILE.name
+    replicas.write_text(yaml.safe_dump(doc))
+    assert replica_urls({"COMPOSE_FILE": REPLICAS_FILE.name}, replicas) == {
+        "vllm-0": "http://127.0.0.1:8001", "vllm-1": "http://127.0.0.1:8002"}
+    assert replica_urls({"COMPOSE_FILE": "compose.yaml:cpu.yaml"}, replicas) == {}

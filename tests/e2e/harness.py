@@ -200,6 +200,20 @@ def container_state(run: Run, name: str) -> dict[str, Any]:
     return json.loads(out.stdout) if out.returncode == 0 else {}
 
 
+def wait_answering(url: str, what: str, within: float) -> float:
+    """Seconds until GET `url` answers 2xx; StepFailed naming `what` after `within` s."""
+    start = time.monotonic()
+    while True:
+        try:
+            if requests.get(url, timeout=2).ok:
+                return time.monotonic() - start
+        except requests.RequestException:
+            pass
+        if time.monotonic() - start > within:
+            raise StepFailed(f"{what} did not answer {url} within {within:.0f} s")
+        time.sleep(1)
+
+
 def wait_healthy(run: Run, names: list[str], within: float = HEALTHY_WITHIN_S) -> float:
     start = time.monotonic()
     while True:
@@ -282,8 +296,9 @@ def smoke_verdict(run: Run, *args: str, timeout: float = 600) -> Verdict:
 
 
 def chat(url: str, prompt: str, max_tokens: int = 16, *, ignore_eos: bool = False,
-         timeout: float = 30) -> str:  # fmt: skip
-    r = requests.post(f"{url}/v1/chat/completions", timeout=timeout, json={
+         timeout: float = 30, api_key: str | None = None) -> str:  # fmt: skip
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    r = requests.post(f"{url}/v1/chat/completions", timeout=timeout, headers=headers, json={
         "model": "kit-tiny-chat", "messages": [{"role": "user", "content": prompt}],
         "temperature": 0, "max_tokens": max_tokens, "ignore_eos": ignore_eos,
     })  # fmt: skip

