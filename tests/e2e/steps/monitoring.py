@@ -47,6 +47,8 @@ VOLUME = "glm53-prometheus-data"
 PROMETHEUS_CONTAINER = "glm53-prometheus-1"
 API = f"http://127.0.0.1:{PORT}/api/v1"
 URL = f"http://127.0.0.1:{HOST_PORT}"
+UP = 'up{job="vllm"}'
+"""Whether Prometheus' last scrape of the server succeeded (1) or not (0)."""
 TOP_AGREEMENT = 0.25
 """How far `make top`'s rate may be from Prometheus' over the same window: they read the counter
 at different instants (Prometheus every 3 s, top at its interval's ends), so a window differs at
@@ -69,10 +71,10 @@ def query(expr: str, at: float | None = None) -> list[dict[str, Any]]:
     return answer.json()["data"]["result"]
 
 
-def query_at(expr: str, at: float) -> float:
-    """The one value of `expr` at `at` (0 when there is none)."""
+def query_at(expr: str, at: float) -> float | None:
+    """The one value of `expr` at `at` (None when there is none)."""
     found = query(expr, at)
-    return float(found[0]["value"][1]) if found else 0.0
+    return float(found[0]["value"][1]) if found else None
 
 
 def wait_for(what: str, ready: Any, within: float) -> float:
@@ -95,7 +97,7 @@ def scraped(run: Run) -> str:
 
         def target_up() -> bool:
             try:
-                return [s["value"][1] for s in query('up{job="vllm"}')] == ["1"]
+                return [s["value"][1] for s in query(UP)] == ["1"]
             except requests.RequestException:
                 return False
 
@@ -187,6 +189,13 @@ def top(run: Run) -> str:
     key = run.state.api_key
     if key is None:
         raise StepFailed("no server with a key from the access step")
+    # Prometheus sends the key from compose/secrets: a CI run here emptied the file after the
+    # scrape step, every scrape got 401, and Prometheus had no series to compare with
+    with api_key_file(key):
+        return top_in_tmux(run, key)
+
+
+def top_in_tmux(run: Run, key: str) -> str:
     env = {**run.env, "VLLM_API_KEY": key}
     run.sh([*TMUX, "new-session", "-d", "-s", "top", "-x", "220", "-y", "12", "-c", str(REPO),
             "make", "--no-print-directory", "top", f"PROFILE={PROFILE}",
@@ -209,6 +218,8 @@ def top(run: Run) -> str:
     if not shown or still > shown / 10:
         raise StepFailed(f"make top's generation did not move under load: idle {idle}, "
                          f"busy {busy}")  # fmt: skip
+    if prometheus is None:
+        raise StepFailed(f"Prometheus has no generation rate at {at} ({UP}: {query(UP)})")
     ratio = shown / prometheus if prometheus else float("inf")
     if abs(ratio - 1) > TOP_AGREEMENT:
         raise StepFailed(f"make top showed {shown} gen tok/s at {at}, Prometheus computed "
