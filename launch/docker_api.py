@@ -116,15 +116,22 @@ def nvidia_cdi_specs() -> list[str]:
     return [str(p) for d in CDI_DIRS for p in sorted(Path(d).glob("nvidia*.yaml"))]
 
 
+NVIDIA_HOOK = "nvidia-container-runtime-hook"
+
+
+def gives_gpus(runtimes: list[str], hook: str | None, cdi: list[str]) -> bool:
+    """Whether the NVIDIA Container Toolkit hands GPUs to this engine's containers: its `nvidia`
+    runtime, its prestart hook, or a CDI spec (`make doctor` and `configure` judge alike)."""
+    return "nvidia" in runtimes or bool(hook) or bool(cdi)
+
+
 def nvidia_runtime() -> bool:
-    """Whether containers here can get NVIDIA GPUs: the engine lists the `nvidia` runtime, or a
-    CDI spec of NVIDIA's is present. An engine that does not answer counts as no."""
-    if nvidia_cdi_specs():
-        return True
+    """`gives_gpus` for this host (an engine that does not answer lists no runtime)."""
     import docker
 
     try:
         client = docker.DockerClient(base_url=engine_address(), version="auto", timeout=10)
-        return "nvidia" in (client.info().get("Runtimes") or {})
+        runtimes = sorted(client.info().get("Runtimes") or {})
     except engine_errors():
-        return False
+        runtimes = []
+    return gives_gpus(runtimes, shutil.which(NVIDIA_HOOK), nvidia_cdi_specs())

@@ -17,7 +17,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launch.docker_api import nvidia_cdi_specs
+from launch.docker_api import NVIDIA_HOOK, gives_gpus, nvidia_cdi_specs
 from launch.errors import UsageError
 from launch.host_facts import (
     AcsControl,
@@ -137,7 +137,7 @@ def check_toolkit(runtimes: list[str] | Unreadable, hook: str | None, cdi: list[
     if isinstance(runtimes, Unreadable):
         return Finding(name, FAIL, runtimes.why, "start the Docker engine")
     seen = f"engine runtimes {sorted(runtimes)}"
-    if "nvidia" in runtimes or hook or cdi:
+    if gives_gpus(runtimes, hook, cdi):
         parts = [seen] + ([f"hook {hook}"] if hook else []) + ([f"CDI {cdi}"] if cdi else [])
         return Finding(name, OK, "; ".join(parts))
     return Finding(
@@ -407,7 +407,7 @@ def gather(recorded: Recorded, image: str | None, profile: Profile,
         iommu=iommu,
         memory=read_host_memory(),
         memory_total=read_host_memory_total(),
-        hook=shutil.which("nvidia-container-runtime-hook"),
+        hook=shutil.which(NVIDIA_HOOK),
         cdi=nvidia_cdi_specs(),
         weights=hub_weights([(r.repo_id, r.revision) for r in weight_repos(profile)],
                             settings.get("HF_ENDPOINT") or HUB, settings.hf_token()),

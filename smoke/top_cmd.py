@@ -43,6 +43,21 @@ def _read(server: Server) -> Reading:
     return reading(metrics_text(server), time.monotonic())
 
 
+def _unread(server: Server, err: Exception) -> int:
+    print(f"error: {server.url('/metrics')}: {err}", file=sys.stderr)
+    return 1
+
+
+def _shown(before: Reading | str, after: Reading | str) -> View | str:
+    """A row: what the server did between two readings, or why there is nothing to show (its
+    read failed: the reason; the one before failed: it answers again)."""
+    if isinstance(after, str):
+        return after
+    if isinstance(before, str):
+        return "answering again"
+    return view(before, after)
+
+
 def watch(servers: Mapping[str, Server], interval_s: float, *, once: bool, as_json: bool,
           on_screen: bool, out: Callable[[str], None],
           sleep: Callable[[float], None] = time.sleep) -> int:  # fmt: skip
@@ -53,8 +68,7 @@ def watch(servers: Mapping[str, Server], interval_s: float, *, once: bool, as_js
         try:
             before[name] = _read(server)
         except errors as err:
-            print(f"error: {server.url('/metrics')}: {err}", file=sys.stderr)
-            return 1
+            return _unread(server, err)
     try:
         while True:
             sleep(interval_s)
@@ -66,12 +80,9 @@ def watch(servers: Mapping[str, Server], interval_s: float, *, once: bool, as_js
                     after[name] = _read(server)
                 except errors as err:
                     if once:
-                        print(f"error: {server.url('/metrics')}: {err}", file=sys.stderr)
-                        return 1
+                        return _unread(server, err)
                     after[name] = f"no answer: {err}"
-                old, new = before[name], after[name]
-                shown[name] = (view(old, new) if isinstance(old, Reading) and isinstance(
-                    new, Reading) else new if isinstance(new, str) else "answering again")
+                shown[name] = _shown(before[name], after[name])
             if as_json:
                 for name, v in shown.items():
                     body = v.to_json() if isinstance(v, View) else {"error": v}

@@ -200,18 +200,27 @@ def container_state(run: Run, name: str) -> dict[str, Any]:
     return json.loads(out.stdout) if out.returncode == 0 else {}
 
 
-def wait_answering(url: str, what: str, within: float) -> float:
-    """Seconds until GET `url` answers 2xx; StepFailed naming `what` after `within` s."""
+def wait_for(what: str, ready: Callable[[], bool], within: float) -> float:
+    """Seconds until `ready()` holds, asked each second; StepFailed naming `what` after
+    `within` s."""
     start = time.monotonic()
-    while True:
-        try:
-            if requests.get(url, timeout=2).ok:
-                return time.monotonic() - start
-        except requests.RequestException:
-            pass
+    while not ready():
         if time.monotonic() - start > within:
-            raise StepFailed(f"{what} did not answer {url} within {within:.0f} s")
+            raise StepFailed(f"{what} not within {within:.0f} s")
         time.sleep(1)
+    return time.monotonic() - start
+
+
+def wait_answering(url: str, what: str, within: float) -> float:
+    """Seconds until GET `url` answers 2xx."""
+
+    def answers() -> bool:
+        try:
+            return requests.get(url, timeout=2).ok
+        except requests.RequestException:
+            return False
+
+    return wait_for(f"{what} answering {url}", answers, within)
 
 
 def wait_healthy(run: Run, names: list[str], within: float = HEALTHY_WITHIN_S) -> float:

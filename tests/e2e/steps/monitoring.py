@@ -11,7 +11,6 @@ import datetime
 import json
 import sys
 import threading
-import time
 from typing import Any
 
 import requests
@@ -32,6 +31,7 @@ from tests.e2e.harness import (
     make,
     user_settings,
     volumes,
+    wait_for,
     wait_healthy,
 )
 from tests.e2e.steps.access import api_key_file
@@ -64,9 +64,10 @@ def prometheus_image(run: Run) -> str:
     return f"PROMETHEUS_IMAGE={run.lock['PROMETHEUS_IMAGE']}: {version}"
 
 
-def query(expr: str, at: float | None = None) -> list[dict[str, Any]]:
+def query(expr: str, at: float | None = None, api: str = API) -> list[dict[str, Any]]:
+    """The series `expr` gives at `at` (default now) through the HTTP API at `api`."""
     params = {"query": expr, **({"time": f"{at:.3f}"} if at is not None else {})}
-    answer = requests.get(f"{API}/query", params=params, timeout=10)
+    answer = requests.get(f"{api}/query", params=params, timeout=10)
     answer.raise_for_status()
     return answer.json()["data"]["result"]
 
@@ -75,15 +76,6 @@ def query_at(expr: str, at: float) -> float | None:
     """The one value of `expr` at `at` (None when there is none)."""
     found = query(expr, at)
     return float(found[0]["value"][1]) if found else None
-
-
-def wait_for(what: str, ready: Any, within: float) -> float:
-    start = time.monotonic()
-    while not ready():
-        if time.monotonic() - start > within:
-            raise StepFailed(f"{what} not within {within:.0f} s")
-        time.sleep(1)
-    return time.monotonic() - start
 
 
 def scraped(run: Run) -> str:

