@@ -13,7 +13,7 @@ CPU_ENV := VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1
 PRISTINE_VLLM = $(shell $(TEST_PY) -c 'import importlib.util as u; print(u.find_spec("vllm").submodule_search_locations[0])')
 PATCHED := $(TEST_VENV)/vllm-patched
 
-.PHONY: help test lint plan configure doctor fetch up down logs pin build build-cpu smoke bench compare \
+.PHONY: help test lint plan configure doctor fetch capacity up down logs pin build build-cpu smoke bench compare \
 	soak top bench-client patched-vllm patches-report lock e2e
 
 help:
@@ -22,6 +22,7 @@ help:
 	@echo "make configure PROFILE=name   write compose/.env, then plain docker compose runs it"
 	@echo "make fetch PROFILE=name   download and verify the profile's weights into the cache volume"
 	@echo "make doctor PROFILE=name  check this host (driver, GPUs, IOMMU/ACS, disk...) first"
+	@echo "make capacity PROFILE=name   the KV cache it will get (vLLM's sizing in its image, CPU)"
 	@echo "make up PROFILE=name      configure, then docker compose up -d"
 	@echo "make down / make logs     stop / follow what compose/.env runs"
 	@echo "make e2e                  the whole user path on the CPU image, no GPU (Docker needed)"
@@ -71,7 +72,7 @@ patches-report: patched-vllm
 
 plan: $(KIT_STAMP)
 	@test -n "$(PROFILE)" || { echo "usage: make plan PROFILE=<name>; profiles:"; $(KIT_PY) -m launch list; exit 2; }
-	$(KIT_PY) -m launch render $(PROFILE)
+	$(KIT_PY) -m launch render $(PROFILE) --predict
 
 # compose/.env for a profile (REPLICAS=N for CPU profiles, GPU_SETS="0,1,2,3 4,5,6,7" for GPU
 # ones): afterwards `docker compose up -d` / `down` / `logs -f` in compose/ run exactly it.
@@ -93,6 +94,13 @@ DOCTOR_ARGS ?=
 doctor: $(KIT_STAMP)
 	@test -n "$(PROFILE)" || { echo "usage: make doctor PROFILE=<name> [DOCTOR_ARGS=...]"; exit 2; }
 	$(KIT_PY) -m launch doctor $(PROFILE) $(DOCTOR_ARGS)
+
+# The KV cache a profile will get, from vLLM's own sizing in the profile's image on the CPU
+# (no GPU, no weights). CAPACITY_ARGS e.g. "--budget 16GiB --for 4x1048576 --largest-context --json".
+CAPACITY_ARGS ?=
+capacity: $(KIT_STAMP)
+	@test -n "$(PROFILE)" || { echo "usage: make capacity PROFILE=<name> [CAPACITY_ARGS=...]"; exit 2; }
+	$(KIT_PY) -m launch capacity $(PROFILE) $(CAPACITY_ARGS)
 
 up: $(KIT_STAMP)
 	@test -n "$(PROFILE)" || { echo "usage: make up PROFILE=<name>"; exit 2; }

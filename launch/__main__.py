@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from launch.commands import (
+    capacity_cmd,
     configure_cmd,
     doctor_cmd,
     fetch_cmd,
@@ -19,7 +20,7 @@ from launch.commands import (
 from launch.errors import USAGE_EXIT, UsageError
 
 COMMANDS = (list_cmd, render_cmd, doctor_cmd, run_cmd, configure_cmd, fetch_cmd, up_cmd,
-            pin_cmd)  # fmt: skip
+            pin_cmd, capacity_cmd)  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

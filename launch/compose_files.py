@@ -18,6 +18,10 @@ import yaml
 
 from launch.image_lock import COMPOSE_DIR, COMPOSE_FILE
 
+KIT_PACKAGES = ("launch", "kvgeometry")
+"""The packages compose mounts into an image without the kit (compose/compose.yaml), at
+/opt/kit; `make capacity` mounts them the same way."""
+
 DEVICE_OVERLAYS = {"cuda": (), "cpu": ("cpu.yaml",)}
 """compose/ overlays per deployment.device, applied after compose.yaml."""
 

@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
+
 from launch.errors import UsageError
+
+
+def serve_parser() -> argparse.ArgumentParser:
+    """The installed vLLM's own `vllm serve` argument parser (vLLM is imported here only)."""
+    try:
+        from vllm.entrypoints.common.cli_args import make_arg_parser
+    except ImportError:  # vLLM 0.32 (the CPU build) keeps it under launchers/
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    return make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
 
 
 def parse_with_vllm(argv: tuple[str, ...], extra: tuple[str, ...]) -> None:
@@ -11,13 +24,7 @@ def parse_with_vllm(argv: tuple[str, ...], extra: tuple[str, ...]) -> None:
     import contextlib
     import io
 
-    try:
-        from vllm.entrypoints.common.cli_args import make_arg_parser
-    except ImportError:  # vLLM 0.32 (the CPU build) keeps it under launchers/
-        from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    parser = serve_parser()
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):

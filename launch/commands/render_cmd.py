@@ -14,15 +14,17 @@ from pathlib import Path
 
 import yaml
 
+from launch.capacity import NotPredicted, predict_start
 from launch.cli_args import positive_int
 from launch.commands.common import add_profile_arguments, vllm_to_check
 from launch.compose_config import compose_document
-from launch.compose_files import merged_document
+from launch.compose_files import KIT_PACKAGES, merged_document
+from launch.errors import UsageError
 from launch.image_lock import resolve_image
-from launch.plan import plan_for
+from launch.plan import Plan, plan_for
 from launch.render import format_plan
 from launch.scale import k8s_manifests, router_source
-from launch.settings import port_number, read_settings
+from launch.settings import Settings, port_number, read_settings
 
 NAME = "render"
 
@@ -50,11 +52,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument(
         "--no-router", action="store_true", help="k8s: the vLLM pods only, no router in front"
     )
+    parser.add_argument("--predict", action="store_true",
+                        help="text: also the KV cache the start will get, when the image is here "
+                        "(`make capacity`'s answer)")  # fmt: skip
     return parser
-
-
-KIT_PACKAGES = ("launch", "kvgeometry")
-"""The packages compose mounts into an image without the kit (compose/compose.yaml)."""
 
 
 def kit_files() -> dict[str, str]:
@@ -68,12 +69,23 @@ def kit_files() -> dict[str, str]:
     }
 
 
+def predicted_line(plan: Plan, settings: Settings) -> str:
+    """The start's predicted KV cache line, or why there is none (never an error)."""
+    try:
+        image = resolve_image(plan.profile.deployment.image, settings.merged)
+        return predict_start(plan, image).summary()
+    except (NotPredicted, UsageError) as why:
+        return f"capacity: not predicted: {why}"
+
+
 def run(args: argparse.Namespace) -> int:
     settings = read_settings(args.sets)
     plan = plan_for(settings, args.profile, vllm_to_check(args.vllm_root))
     fmt = "json" if args.json else args.format
     if fmt == "text":
         print(format_plan(plan))
+        if args.predict:
+            print(f"# {predicted_line(plan, settings)}")
     elif fmt == "json":
         print(json.dumps(plan.to_json(), indent=2))
     elif fmt == "compose":

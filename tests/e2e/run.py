@@ -31,6 +31,7 @@ from tests.e2e.harness import ENV_PATH, HF_CACHE_VOLUME, Beside, Run, Step
 from tests.e2e.steps import (
     access,
     bench,
+    capacity,
     clients,
     faults,
     images,
@@ -65,6 +66,7 @@ STEPS: tuple[Step, ...] = (
     serving.NON_ROOT,
     serving.PRIVATE_SHM,
     serving.SMOKE,
+    capacity.PREDICTED,
     bench.BENCH,
     bench.PLOTS,
     restart.CRASH,
@@ -74,6 +76,7 @@ STEPS: tuple[Step, ...] = (
     faults.KILLED_MID_CHECK,
     faults.PREFIX_OFF,
     faults.KV_DOES_NOT_FIT,
+    capacity.REFUSED,
     access.EVERY_ROUTE,
     clients.VANISHED,
     soak.SOAK,
@@ -82,6 +85,7 @@ STEPS: tuple[Step, ...] = (
     faults.DOWN,
     monitoring.DATA_KEPT,
     images.CUDA_COMPOSE,
+    capacity.CUDA_CAPACITY,
     images.REMOVE_IMAGES,
 )
 

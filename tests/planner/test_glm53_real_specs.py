@@ -1,5 +1,5 @@
 """The series and the kit's expectations on GLM-5.3's specs as vLLM 0.33.0's own layers build them
-(tests/planner/glm53_specs.py: the indexer cache, the tail ring and the gated-delta state from
+(kvgeometry/glm53_specs.py: the indexer cache, the tail ring and the gated-delta state from
 vLLM's classes in a 4-rank gloo world; the MLA latent from MLAAttention's spec method, in vLLM
 0.33.0's SM120 format or, labelled "runtime", the qualified runtime's 528-byte format)."""
 
@@ -12,11 +12,11 @@ from vllm.utils.math_utils import cdiv, next_power_of_2
 from vllm.v1.attention.backend import MultipleOf
 from vllm.v1.kv_cache_interface import CircularBufferSpec, MambaSpec, MLAAttentionSpec
 
+from kvgeometry.glm53_specs import INDEX_KPOOL, RUNTIME_LATENT_BYTES
 from kvgeometry.report import format_geometry
 from launch.loader import load
 from smoke.log_checks import log_checks
 from smoke.logparse import parse_lines
-from tests.planner.glm53_specs import INDEX_KPOOL, RUNTIME_LATENT_BYTES
 from tests.planner.planning import info_lines, plan
 from tests.planner.seed_shapes import TWELVE_GIB, vllm_config
 

@@ -1,4 +1,5 @@
-"""GLM-5.3's KV cache specs as vLLM 0.33.0 builds them, on the CPU, for the planner tests.
+"""GLM-5.3's KV cache specs as vLLM 0.33.0 builds them, on the CPU: `make capacity`'s and the
+planner tests' specs (no checkpoint or GPU is needed, only vLLM's layer classes).
 
 One process per tensor-parallel rank joins a gloo world (as vLLM's workers do); each constructs
 vLLM's own layers for one sparse-MLA position (its `Indexer`, which owns the C4 indexer cache and
@@ -24,7 +25,7 @@ Checkpoint values transformers' defaults lack: `index_kpool` 4 (GLM-5.3-Flash's;
 16), `mla_use_nope` true (`qk_rope_head_dim` is 0) and `indexer_rope_interleave` false (no RoPE
 dims to interleave); see ../shared/notes/glm53-geometry.md.
 
-    python -m tests.planner.glm53_specs --tp 4 --dcp 1 --spec-tokens 3 --block 512 --out F.pkl
+    python -m kvgeometry.glm53_specs --tp 4 --dcp 1 --spec-tokens 3 --block 512 --out F.pkl
 
 writes {"vllm": specs, "runtime": specs}, each a layer name -> KVCacheSpec mapping.
 """
@@ -57,6 +58,8 @@ class Shape:
     spec_tokens: int
     block_size: int = 512
     kv_cache_dtype: str = "fp8"
+    max_model_len: int = 262_144
+    attention_backend: str = SM120_SPARSE_MLA
 
 
 def text_config():
@@ -84,8 +87,9 @@ def vllm_config(shape: Shape, text):
     config.speculative_config = SimpleNamespace(num_speculative_tokens=shape.spec_tokens)
     config.model_config = SimpleNamespace(
         hf_text_config=text, hf_config=text, architecture=GLM53, use_mla=True, is_moe=True,
-        rswa_window=None, dtype=torch.bfloat16, max_model_len=262_144,
-        original_max_model_len=262_144,
+        rswa_window=None, dtype=torch.bfloat16, max_model_len=shape.max_model_len,
+        supports_kv_cache_grouping=False,  # GLM-5.3 declares no grouping of its own
+        original_max_model_len=shape.max_model_len,
     )  # fmt: skip
     return config
 
@@ -103,7 +107,7 @@ def _glm5next_modules():
     return attention, kda
 
 
-def latent_spec(config, text, latent: str):
+def latent_spec(config, text, latent: str, backend_name: str = SM120_SPARSE_MLA):
     """The MLA latent's spec (see the module docstring for why it is not a built layer)."""
     import torch
     from vllm.model_executor.layers.attention.mla_attention import (
@@ -117,7 +121,7 @@ def latent_spec(config, text, latent: str):
     if latent == "runtime":
         return MLAAttentionSpec(block_size=config.cache_config.block_size, num_kv_heads=1,
                                 head_size=RUNTIME_LATENT_BYTES, dtype=torch.uint8)  # fmt: skip
-    backend = AttentionBackendEnum[SM120_SPARSE_MLA].get_class()
+    backend = AttentionBackendEnum[backend_name].get_class()
     layer = MLAAttention.__new__(MLAAttention)
     layer.kv_cache_dtype = _canonicalize_sparse_mla_kv_cache_dtype(
         backend, config.cache_config.cache_dtype
@@ -155,7 +159,8 @@ def build_rank(shape: Shape, rank: int, port: int) -> dict[str, dict]:
         kda.Glm5NextLinearAttention(config=text, vllm_config=config,
                                     prefix=f"model.layers.{gdn_at}.self_attn")  # fmt: skip
         built = get_kv_cache_spec(config)
-        latents = {kind: latent_spec(config, text, kind) for kind in ("vllm", "runtime")}
+        latents = {kind: latent_spec(config, text, kind, shape.attention_backend)
+                   for kind in ("vllm", "runtime")}  # fmt: skip
     out: dict[str, dict] = {}
     for name, latent in latents.items():
         specs = out[name] = {}
@@ -176,10 +181,13 @@ def build(shape: Shape, work: Path) -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    out = work / f"specs-{shape.tp}-{shape.dcp}-{shape.spec_tokens}-{shape.block_size}.pkl"
-    argv = [sys.executable, "-m", "tests.planner.glm53_specs", "--tp", str(shape.tp), "--dcp",
+    out = work / (f"specs-{shape.tp}-{shape.dcp}-{shape.spec_tokens}-{shape.block_size}-"
+                  f"{shape.kv_cache_dtype}.pkl")
+    argv = [sys.executable, "-m", "kvgeometry.glm53_specs", "--tp", str(shape.tp), "--dcp",
             str(shape.dcp), "--spec-tokens", str(shape.spec_tokens), "--block",
-            str(shape.block_size), "--port", str(port), "--out", str(out)]  # fmt: skip
+            str(shape.block_size), "--kv-cache-dtype", shape.kv_cache_dtype, "--max-model-len",
+            str(shape.max_model_len), "--attention-backend", shape.attention_backend, "--port",
+            str(port), "--out", str(out)]  # fmt: skip
     ranks = [
         subprocess.Popen([*argv, "--rank", str(r)], env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"},
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -198,11 +206,15 @@ def main() -> None:
     parser.add_argument("--dcp", type=int, default=1)
     parser.add_argument("--spec-tokens", type=int, default=0)
     parser.add_argument("--block", type=int, default=512)
+    parser.add_argument("--kv-cache-dtype", default="fp8")
+    parser.add_argument("--max-model-len", type=int, default=262_144)
+    parser.add_argument("--attention-backend", default=SM120_SPARSE_MLA)
     parser.add_argument("--rank", type=int)
     parser.add_argument("--port", type=int)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    shape = Shape(args.tp, args.dcp, args.spec_tokens, args.block)
+    shape = Shape(args.tp, args.dcp, args.spec_tokens, args.block, args.kv_cache_dtype,
+                  args.max_model_len, args.attention_backend)
     if args.rank is None:
         build(shape, args.out.parent)
         return

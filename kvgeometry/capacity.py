@@ -1,0 +1,289 @@
+"""`python -m kvgeometry.capacity QUESTION.json`: the KV cache a `vllm serve` command will get,
+answered by the installed vLLM on the CPU, in the image that serves it, before any weights load.
+
+The configuration is vLLM's own: the serve command line through vLLM's argument parser and
+`EngineArgs.create_engine_config` (a model whose checkpoint is at hand), or, for GLM-5.3 whose
+checkpoint is not needed, the shape that command line gives (`kvgeometry.glm53_specs`). The specs
+come from vLLM's layer classes (the model built on the meta device, or GLM-5.3's layers in a gloo
+world). The sizing is the engine core's own (`kvgeometry.engine_plan`). The inverse questions
+search over that sizing: the smallest budget that holds N requests of L tokens, the largest
+`max_model_len` a budget holds for one request. Nothing here computes a capacity itself.
+
+The question (JSON, the one argument): {"architecture": the profile's, "argv": [...vllm
+serve...], "env": {...}, "device": "cuda" or "cpu", "budgets": [bytes, ...], "for": [N, L] or
+null, "largest_context": 0 or N}. The answer is one JSON object on the stdout line that starts
+with ANSWER; what
+this vLLM cannot build is an answer too ({"unsupported": why}, exit 2), never a guessed number.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvgeometry.engine_plan import EnginePlan, Refused, engine_plan
+
+UNSUPPORTED_EXIT = 2
+ANSWER = "KIT-CAPACITY "
+"""The answer's line on stdout (vLLM logs to stdout too)."""
+GLM53 = "Glm5NextForConditionalGeneration"
+SPLIT_TARGET = "VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE"
+
+
+class Unsupported(Exception):
+    """This vLLM cannot build what the question needs; the message says what is missing."""
+
+
+@dataclass(frozen=True)
+class Question:
+    architecture: str
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    device: str
+    budgets: tuple[int, ...]
+    for_requests: tuple[int, int] | None = None
+    largest_context: int = 0
+    """0, or how many concurrent requests the longest max_model_len must hold."""
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Question:
+        wanted = data.get("for")
+        return cls(str(data["architecture"]), tuple(data["argv"]), dict(data.get("env", {})),
+                   str(data.get("device", "cuda")), tuple(data["budgets"]),
+                   (int(wanted[0]), int(wanted[1])) if wanted else None,
+                   int(data.get("largest_context") or 0))  # fmt: skip
+
+
+def serve_args(argv: tuple[str, ...]) -> Any:
+    """`vllm serve MODEL ...` through vLLM's own parser (no checkpoint is looked up)."""
+    from launch.vllm_argv import serve_parser
+
+    args = serve_parser().parse_args(list(argv[2:]))
+    if getattr(args, "model_tag", None) is not None:  # as `vllm serve` itself does
+        args.model = args.model_tag
+    return args
+
+
+def engine_args(argv: tuple[str, ...]) -> Any:
+    """vLLM's EngineArgs for `vllm serve MODEL ...` (it resolves the checkpoint)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    return AsyncEngineArgs.from_cli_args(serve_args(argv))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def model_specs(argv: tuple[str, ...]) -> tuple[Any, dict[str, Any]]:
+    """The config vLLM makes of `argv` and the specs its model runner collects from the model
+    built on the meta device (one rank: the model's layers, no weights)."""
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.model_executor.model_loader.utils import initialize_model
+
+    config = engine_args(argv).create_engine_config()
+    if config.parallel_config.world_size != 1:
+        raise Unsupported(
+            f"{config.model_config.architecture} over {config.parallel_config.world_size} ranks: "
+            "the kit builds one rank of a model from its checkpoint (GLM-5.3 from its layers)"
+        )
+    with set_current_vllm_config(config):
+        address = f"tcp://127.0.0.1:{_free_port()}"
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                     distributed_init_method=address)  # fmt: skip
+        initialize_model_parallel(1)
+        with torch.device("meta"):
+            initialize_model(vllm_config=config)
+    return config, runner_specs(config)
+
+
+def runner_specs(config: Any) -> dict[str, Any]:
+    """The model runner's `get_kv_cache_spec` over the layers the model registered."""
+    from types import SimpleNamespace
+
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    runner = SimpleNamespace(vllm_config=config, shared_kv_cache_layers={})
+    return GPUModelRunner.get_kv_cache_spec(runner)
+
+
+def latent_backend(named: Any) -> tuple[str, str | None]:
+    """The sparse-MLA backend whose latent format the plan uses: the one the command names when
+    this vLLM has it, else vLLM 0.33.0's SM120 default (what the server falls back to with
+    FALLBACKS=attention_backend), said in the answer."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    from kvgeometry.glm53_specs import SM120_SPARSE_MLA
+
+    name = getattr(named, "name", named)
+    if name and name in AttentionBackendEnum.__members__:
+        return str(name), None
+    return SM120_SPARSE_MLA, (
+        f"attention backend {name} is not in vLLM {_version()}: planned with the MLA latent "
+        f"format of {SM120_SPARSE_MLA}, the backend a start falls back to "
+        "(FALLBACKS=attention_backend)") if name else None
+
+
+def glm53_specs(argv: tuple[str, ...], env: dict[str, str],
+                device: str) -> tuple[Any, dict[str, Any], str | None]:  # fmt: skip
+    """GLM-5.3's config and one rank's specs for the shape `argv` serves (see the module
+    docstring of `kvgeometry.glm53_specs` for what stands in for the checkpoint)."""
+    from kvgeometry.glm53_specs import Shape, build, text_config, vllm_config
+
+    args = serve_args(argv)
+    spec = json.loads(args.speculative_config) if isinstance(args.speculative_config, str) \
+        else (args.speculative_config or {})  # fmt: skip
+    dcp = int(args.decode_context_parallel_size or 1)
+    if spec.get("method") == "dflash" and dcp > 1:
+        raise Unsupported(
+            f"a DFlash draft under decode context parallel {dcp}: the kit builds GLM-5.3's target "
+            "layers only, and vLLM 0.33.0 cannot build this draft either: it gives the "
+            "draft the target's DCP size and shards its cache (v1/worker/gpu/model_runner.py "
+            "replicates a draft only at DCP 1), so the replicated draft cache the qualified run "
+            "planned (seed 000: its 1,152-token backend block) cannot be built here; the "
+            "fork that qualified it has it"
+        )
+    block = int(env.get(SPLIT_TARGET) or args.block_size or 0)
+    if not block:
+        raise Unsupported(
+            "GLM-5.3 without split pages or --block-size: the target block is then chosen by "
+            "vLLM's hybrid alignment from the GPU's attention backend, which the CPU cannot ask"
+        )
+    backend, note = latent_backend(args.attention_backend)
+    shape = Shape(tp=int(args.tensor_parallel_size or 1), dcp=dcp,
+                  spec_tokens=int(spec.get("num_speculative_tokens") or 0), block_size=block,
+                  kv_cache_dtype=str(args.kv_cache_dtype or "auto"),
+                  max_model_len=int(args.max_model_len), attention_backend=backend)  # fmt: skip
+    with tempfile.TemporaryDirectory() as work:
+        specs = build(shape, Path(work))["vllm"]
+    config = vllm_config(shape, text_config())
+    config.speculative_config = None  # the draft's own layers are not built (see glm53_specs)
+    config.cache_config.enable_prefix_caching = bool(args.enable_prefix_caching)
+    config.device_config.device_type = device  # the server's: its log names the pool by it
+    return config, specs, note
+
+
+def _version() -> str:
+    import vllm
+
+    return str(vllm.__version__)
+
+
+def smallest_budget(fits: Callable[[int], bool], start: int) -> int:
+    """The least budget in bytes for which `fits` holds (it must be monotone in the budget)."""
+    hi = max(start, 1 << 20)
+    while not fits(hi):
+        hi *= 2
+        if hi > 1 << 50:
+            raise Unsupported("no budget up to 1 PiB holds it")
+    lo = 0
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    return hi
+
+
+def largest_fitting(fits: Callable[[int], bool], limit: int) -> int:
+    """The largest n in [1, limit] for which `fits(n)` holds, 0 when none (monotone)."""
+    if not fits(1):
+        return 0
+    lo, hi = 1, limit + 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def with_len(config: Any, max_model_len: int) -> Any:
+    import copy
+
+    changed = copy.deepcopy(config)
+    changed.model_config.max_model_len = max_model_len
+    return changed
+
+
+def answer(question: Question) -> dict[str, Any]:
+    os.environ.update(question.env)
+    import kvgeometry
+
+    kvgeometry.register()  # the plugin's geometry line, as the server logs it
+    architecture = question.architecture
+    note = None
+    if architecture == GLM53:
+        config, specs, note = glm53_specs(question.argv, question.env, question.device)
+    else:
+        config, specs = model_specs(question.argv)
+    plans = [engine_plan(config, specs, b).to_json() for b in question.budgets]
+    out: dict[str, Any] = {"vllm": _version(), "architecture": architecture,
+                           "max_model_len": int(config.model_config.max_model_len),
+                           "plans": plans, "notes": [note] if note else []}  # fmt: skip
+    if question.for_requests is not None:
+        count, length = question.for_requests
+        out["for"] = smallest_budget_for(config, specs, count, length, question.budgets)
+    refused = [p["budget_bytes"] for p in plans if "refused" in p]
+    if refused:  # the two fixes, with numbers
+        length = int(config.model_config.max_model_len)
+        out["fix"] = {
+            "smallest_budget": smallest_budget_for(config, specs, 1, length, question.budgets),
+            "largest_context": [{"budget_bytes": b,
+                                 "max_model_len": largest_context_for(config, specs, b)}
+                                for b in refused],
+        }  # fmt: skip
+    if question.largest_context:
+        count = question.largest_context
+        out["largest_context"] = [
+            {"budget_bytes": b, "requests": count,
+             "max_model_len": largest_context_for(config, specs, b, count)}
+            for b in question.budgets
+        ]  # fmt: skip
+    return out
+
+
+def smallest_budget_for(config: Any, specs: dict[str, Any], count: int, length: int,
+                  budgets: tuple[int, ...]) -> dict[str, Any]:  # fmt: skip
+    """The smallest budget holding `count` concurrent requests of `length` tokens, planned."""
+    sized = with_len(config, length)
+
+    def holds(budget: int) -> bool:
+        plan = engine_plan(sized, specs, budget)
+        return isinstance(plan, EnginePlan) and plan.max_concurrency >= count
+
+    need = smallest_budget(holds, max(budgets, default=1 << 30))
+    return {"requests": count, "tokens": length,
+            "smallest_budget": engine_plan(sized, specs, need).to_json()}  # fmt: skip
+
+
+def largest_context_for(config: Any, specs: dict[str, Any], budget: int, count: int = 1) -> int:
+    """The largest max_model_len at which `budget` holds `count` concurrent requests."""
+
+    def holds(length: int) -> bool:
+        plan = engine_plan(with_len(config, length), specs, budget)
+        return not isinstance(plan, Refused) and plan.max_concurrency >= count
+
+    return largest_fitting(holds, 1 << 26)
+
+
+def main(argv: list[str]) -> int:
+    question = Question.from_json(json.loads(argv[0]))
+    try:
+        result = answer(question)
+    except Unsupported as err:
+        print(ANSWER + json.dumps({"unsupported": str(err), "vllm": _version()}), flush=True)
+        return UNSUPPORTED_EXIT
+    print(ANSWER + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

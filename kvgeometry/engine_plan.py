@@ -1,0 +1,145 @@
+"""The engine core's own KV cache sizing, run on given specs and a given budget, without workers.
+
+vLLM sizes the cache in `EngineCore._initialize_kv_caches`: it asks the executor for the workers'
+specs, their supported layouts and the memory left for the cache, then plans (grouping, block
+sizes, `get_kv_cache_configs`), sets the scheduler's block size and logs `KV cache size: N
+tokens, Maximum concurrency for L tokens per request: Cx`. Here that very method runs with a
+stand-in for the executor, the one part that needs GPUs and weights: it hands over specs built by
+vLLM's own layer classes and the budget the question names, and keeps what the engine would
+hand its workers. Whatever this vLLM's engine core does (0.32 and 0.33 differ), it does here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+from kvgeometry.line import KVGeometry
+from kvgeometry.report import geometry_of
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """What the engine core decides for one budget: the lines it logs (the geometry plugin's
+    included, when registered), the scheduler's KV cache config and the capacity it stored."""
+
+    budget: int
+    max_model_len: int
+    num_blocks: int
+    tokens: int
+    max_concurrency: float
+    geometry: KVGeometry
+    lines: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "budget_bytes": self.budget,
+            "max_model_len": self.max_model_len,
+            "num_blocks": self.num_blocks,
+            "tokens": self.tokens,
+            "max_concurrency": self.max_concurrency,
+            "geometry": self.geometry.to_json(),
+            "engine_lines": list(self.lines),
+        }
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The engine core refused to start with this budget; `why` is its own message."""
+
+    budget: int
+    max_model_len: int
+    why: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"budget_bytes": self.budget, "max_model_len": self.max_model_len,
+                "refused": self.why}  # fmt: skip
+
+
+class _Executor:
+    """The executor's side of `_initialize_kv_caches` for one rank's specs (every rank of a
+    tensor-parallel start holds the same shapes), answering as vLLM's workers do."""
+
+    def __init__(self, config: Any, specs: dict[str, Any], budget: int) -> None:
+        self.config, self.specs, self.budget = config, specs, budget
+        self.kv_cache_configs: list[Any] = []
+
+    def _worker(self) -> Any:
+        return SimpleNamespace(vllm_config=self.config)
+
+    def get_kv_cache_specs(self) -> list[dict[str, Any]]:
+        return [dict(self.specs)]
+
+    def get_supported_kv_cache_layouts(self) -> list[list[str]]:
+        from vllm.v1.worker.worker_base import WorkerBase
+
+        if self.config.cache_config.kv_cache_layout is not None:  # resolution keeps it as is
+            return [[str(self.config.cache_config.kv_cache_layout)]]
+        return [WorkerBase.get_supported_kv_cache_layouts(self._worker())]
+
+    def set_kv_cache_layout(self, *args: Any) -> None:
+        from vllm.v1.worker.worker_base import WorkerBase
+
+        WorkerBase.set_kv_cache_layout(self._worker(), *args)
+
+    def determine_available_memory(self) -> list[int]:
+        return [self.budget]
+
+    def initialize_from_config(self, kv_cache_configs: list[Any]) -> None:
+        self.kv_cache_configs = kv_cache_configs
+
+    def compile_or_warm_up_model(self) -> None:
+        return None
+
+    def collective_rpc(self, *args: Any, **kwargs: Any) -> list[Any]:
+        return []
+
+
+@contextlib.contextmanager
+def vllm_lines() -> Iterator[list[str]]:
+    """Every message vLLM's loggers emit at INFO and above inside the block."""
+    logger = logging.getLogger("vllm")
+    lines: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def engine_plan(config: Any, specs: dict[str, Any], budget: int) -> EnginePlan | Refused:
+    """`EngineCore._initialize_kv_caches` of this vLLM on `specs` with `budget` bytes for the
+    cache (on a copy of `config`: the engine core writes into it)."""
+    from vllm.v1.engine.core import EngineCore
+
+    config = copy.deepcopy(config)
+    executor = _Executor(config, specs, budget)
+    core = SimpleNamespace(model_executor=executor, available_gpu_memory_for_kv_cache=-1,
+                           collective_rpc=executor.collective_rpc)  # fmt: skip
+    max_model_len = int(config.model_config.max_model_len)
+    with vllm_lines() as lines:
+        try:
+            EngineCore._initialize_kv_caches(core, config)
+        except ValueError as err:  # vLLM's own refusal (the cache cannot hold one request)
+            return Refused(budget, max_model_len, str(err))
+    if not executor.kv_cache_configs:
+        raise RuntimeError("the engine core planned no KV cache (an attention-free model?)")
+    cache = config.cache_config
+    plan = executor.kv_cache_configs[0]
+    plan.kv_cache_layout = cache.kv_cache_layout
+    return EnginePlan(
+        budget=budget, max_model_len=max_model_len, num_blocks=int(cache.num_gpu_blocks),
+        tokens=int(cache.kv_cache_size_tokens),
+        max_concurrency=float(cache.kv_cache_max_concurrency),
+        geometry=geometry_of(config, plan), lines=tuple(lines),
+    )  # fmt: skip

@@ -1,0 +1,323 @@
+"""`make capacity`: the KV cache a profile will get, asked of the profile's own image before start.
+
+The host side: the question (budgets, `--for NxL`, `--largest-context`) from typed values, the
+container that answers it (the profile's image, the checkout's `kvgeometry` and `launch` mounted
+as compose mounts them, no network, no GPU: `python -m kvgeometry.capacity` runs vLLM's engine
+core sizing on the CPU), a cache of answers per question and image, and the printed report. The
+numbers all come from that vLLM; this module only asks, keeps and prints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvgeometry.capacity import ANSWER
+from launch.compose_files import KIT_PACKAGES
+from launch.errors import UsageError
+from launch.plan import Plan
+
+KIT_ROOT = Path(__file__).resolve().parent.parent
+
+GIB = 1 << 30
+UNITS = {"": 1, "B": 1, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": GIB, "TIB": 1 << 40,
+         "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}  # fmt: skip
+SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+TABLE_GIB = (8, 12, 16, 24, 32, 48, 64)
+"""Budgets shown for a profile sized by gpu_memory_utilization (its budget is known only after
+the weights load)."""
+
+
+def parse_size(text: str, field: str = "budget") -> int:
+    """Bytes from `12884901888`, `16GiB`, `15.87GiB`, `512MiB`, `16GB`."""
+    match = SIZE.match(text)
+    unit = match.group(2).upper() if match else ""
+    if not match or unit not in UNITS:
+        raise UsageError(field, text, "is not a size (bytes, or a number with KiB, MiB, GiB, "
+                         "TiB, KB, MB, GB or TB)",
+                         f"e.g. --{field} 16GiB or --{field} 17179869184")  # fmt: skip
+    size = int(float(match.group(1)) * UNITS[unit])
+    if size <= 0:
+        raise UsageError(field, text, "must be more than 0 bytes",
+                         f"give the KV cache budget, e.g. --{field} 16GiB")  # fmt: skip
+    return size
+
+
+def parse_requests(text: str) -> tuple[int, int]:
+    """`4x1048576` -> (4 requests, 1,048,576 tokens each)."""
+    count, sep, tokens = text.lower().partition("x")
+    example = "e.g. --for 4x1048576 (4 concurrent requests of 1,048,576 tokens)"
+    if not sep or not count.strip().isdigit():
+        raise UsageError("for", text, "must be COUNTxTOKENS with a whole number of requests",
+                         example)  # fmt: skip
+    if not tokens.strip().isdigit():
+        raise UsageError("for", text, f"{tokens.strip()!r} is not a whole number of tokens",
+                         example)  # fmt: skip
+    if int(count) < 1 or int(tokens) < 1:
+        raise UsageError("for", text, "needs at least one request of at least one token", example)
+    return int(count), int(tokens)
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """The budgets asked about, and where they come from (said in the report)."""
+
+    sizes: tuple[int, ...]
+    source: str
+
+
+def budgets_for(plan: Plan, asked: tuple[int, ...]) -> Budgets:
+    """`--budget` when given; else the profile's kv_cache_memory_bytes; else a table (a budget
+    from gpu_memory_utilization is what the GPUs have left after the weights load)."""
+    if asked:
+        return Budgets(asked, "--budget")
+    engine = plan.profile.engine
+    if engine.kv_cache_memory_bytes:
+        return Budgets((engine.kv_cache_memory_bytes,), "the profile's kv_cache_memory_bytes")
+    return Budgets(tuple(g * GIB for g in TABLE_GIB), (
+        "a table: the profile sizes the cache by gpu_memory_utilization "
+        f"{engine.gpu_memory_utilization or 'default'}, so the real budget is known only after "
+        "the weights load; the start logs it as 'Available KV cache memory: X GiB' "
+        "(--budget asks about that figure)"))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Question:
+    """What the container is asked (`kvgeometry.capacity.Question`)."""
+
+    architecture: str
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    device: str
+    budgets: tuple[int, ...]
+    for_requests: tuple[int, int] | None = None
+    largest_context: int = 0
+    """0, or the number of concurrent requests whose longest max_model_len is asked for."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"architecture": self.architecture, "argv": list(self.argv), "env": self.env,
+                "device": self.device, "budgets": list(self.budgets),
+                "for": list(self.for_requests) if self.for_requests else None,
+                "largest_context": self.largest_context}  # fmt: skip
+
+
+def question_for(plan: Plan, budgets: Budgets, for_requests: tuple[int, int] | None,
+                 largest_context: int) -> Question:  # fmt: skip
+    profile = plan.profile
+    return Question(profile.architecture or "", plan.argv, dict(plan.env),
+                    "cpu" if profile.deployment.device == "cpu" else "cuda", budgets.sizes,
+                    for_requests, largest_context)  # fmt: skip
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "glm53-kit" / "capacity"
+
+
+def cache_key(question: Question, image: str) -> str:
+    """One answer per question and image (a digest reference or an image ID: both name the
+    content, so a rebuilt image is a new key, and a hit needs no Docker engine), and per
+    checkout of the code that answers (the mounted packages)."""
+    code = hashlib.sha256()
+    for package in KIT_PACKAGES:
+        for path in sorted((KIT_ROOT / package).rglob("*.py")):
+            code.update(path.read_bytes())
+    blob = json.dumps([question.to_json(), image, code.hexdigest()], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def read_answer(stdout: str) -> dict[str, Any] | None:
+    """The answer line of the container's output, if it printed one."""
+    for line in reversed(stdout.splitlines()):
+        if line.startswith(ANSWER):
+            return dict(json.loads(line[len(ANSWER):]))
+    return None
+
+
+def ask_image(image: str, question: Question) -> tuple[dict[str, Any] | None, str]:
+    """Run the question in `image` (Docker Engine API): its answer and its output."""
+    from launch.docker_api import connect
+
+    client = connect("start the Docker engine; `make capacity` runs the profile's image")
+    volumes = {str(KIT_ROOT / m): {"bind": f"/opt/kit/{m}", "mode": "ro"} for m in KIT_PACKAGES}
+    env = {**question.env, "PYTHONPATH": "/opt/kit", "VLLM_TARGET_DEVICE": "cpu",
+           "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}  # fmt: skip
+    container = client.containers.run(
+        image, [json.dumps(question.to_json())], entrypoint=["python3", "-m",
+        "kvgeometry.capacity"], environment=env, volumes=volumes, network_mode="none",
+        detach=True)  # fmt: skip
+    try:
+        container.wait()
+        out = container.logs(stdout=True, stderr=True).decode(errors="replace")
+        stdout = container.logs(stdout=True, stderr=False).decode(errors="replace")
+    finally:
+        container.remove(force=True)
+    return read_answer(stdout), out
+
+
+def cached_answer(image: str, question: Question) -> dict[str, Any] | None:
+    path = cache_dir() / f"{cache_key(question, image)}.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def predict(image: str, question: Question, *, cached: bool = True) -> tuple[dict[str, Any], bool]:
+    """The answer for `question` in `image` (pulled if absent), from the cache when it holds one
+    (and whether it did). An answer naming what this vLLM cannot build is a UsageError; a
+    crash is an error."""
+    path = cache_dir() / f"{cache_key(question, image)}.json"
+    if cached and (hit := cached_answer(image, question)) is not None:
+        return hit, True
+    answer, out = ask_image(image, question)
+    if answer is None:
+        tail = "\n".join(out.strip().splitlines()[-15:])
+        raise RuntimeError(f"the capacity question failed in {image}:\n{tail}")
+    if "unsupported" in answer:
+        raise UsageError("profile", question.architecture, f"vLLM {answer.get('vllm')} in "
+                         f"{image} cannot answer: {answer['unsupported']}",
+                         "run it in the image that has it (IMAGE_SOURCE), or ask another "
+                         "profile")  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(answer), encoding="utf-8")
+    return answer, False
+
+
+def _gib(size: int) -> str:
+    return f"{size:,} bytes ({size / GIB:.2f} GiB)"
+
+
+def plan_lines(plan: dict[str, Any]) -> list[str]:
+    """One budget's figures as the engine will log them, then the geometry report's fields."""
+    if "refused" in plan:
+        return [f"budget {_gib(plan['budget_bytes'])}: the engine refuses to start:",
+                f"  {plan['refused']}"]  # fmt: skip
+    g = plan["geometry"]
+    said = [line for line in plan["engine_lines"]
+            if "KV cache size:" in line or line.startswith("KV cache geometry:")]  # fmt: skip
+    lines = [f"budget {_gib(plan['budget_bytes'])}", "  the start will log:"]
+    lines += [f"    {line}" for line in said]
+    lines.append(f"  blocks {plan['num_blocks']:,}  pool stride {g['stride_bytes']:,} B  tokens "
+                 f"{plan['tokens']:,}  max concurrency {plan['max_concurrency']:.2f}x at "
+                 f"{plan['max_model_len']:,} tokens  scheduler block {g['scheduler_block']}  "
+                 f"hash block {g['hash_block']}")  # fmt: skip
+    for group in g["groups"]:
+        lines.append(f"  group {group['group']:>2} {group['role']:<10} block "
+                     f"{group['block_size']:>5}  page {group['page_bytes']:>10,} B  layers "
+                     f"{group['layers']:>2}  cp {group['cp_size']}")  # fmt: skip
+    return lines
+
+
+def format_answer(profile: str, image: str, budgets: Budgets, answer: dict[str, Any],
+                  cached: bool) -> str:  # fmt: skip
+    cache = ", cached answer" if cached else ""
+    lines = [f"capacity: {profile} in {image} (vLLM {answer['vllm']}, planned on the CPU{cache})",
+             f"budget from {budgets.source}"]  # fmt: skip
+    lines += [f"note: {note}" for note in answer.get("notes", [])]
+    for plan in answer["plans"]:
+        lines += plan_lines(plan)
+    wanted = answer.get("for")
+    if wanted:
+        need = wanted["smallest_budget"]
+        lines.append(f"smallest budget for {wanted['requests']} concurrent requests of "
+                     f"{wanted['tokens']:,} tokens: {_gib(need['budget_bytes'])} "
+                     f"({need['num_blocks']:,} blocks, "
+                     f"{need['max_concurrency']:.2f}x)")  # fmt: skip
+    for item in answer.get("largest_context") or []:
+        lines.append(f"largest max_model_len {item['requests']} request(s) fit in "
+                     f"{_gib(item['budget_bytes'])}: {item['max_model_len']:,} tokens (the "
+                     "cache's limit; the model's own maximum may be lower)")  # fmt: skip
+    return "\n".join(lines)
+
+
+def refusal(answer: dict[str, Any], budgets: Budgets) -> UsageError | None:
+    """The error for a budget the engine would refuse: its own reason and both fixes with
+    numbers (the smallest budget that holds one request; the largest context this one holds)."""
+    refused = [p for p in answer["plans"] if "refused" in p]
+    if not refused:
+        return None
+    plan, fix = refused[0], answer["fix"]
+    need = fix["smallest_budget"]["smallest_budget"]["budget_bytes"]
+    largest = next(f["max_model_len"] for f in fix["largest_context"]
+                   if f["budget_bytes"] == plan["budget_bytes"])  # fmt: skip
+    field = "budget" if budgets.source == "--budget" else "KV_CACHE_MEMORY"
+    shorter = (f"MAX_MODEL_LEN={largest} (the longest request {_gib(plan['budget_bytes'])} "
+               "holds)") if largest else "no max_model_len fits this budget"
+    return UsageError(field, plan["budget_bytes"],
+                      f"the engine would refuse to start: {plan['refused']}",
+                      f"KV_CACHE_MEMORY={need} ({need / GIB:.2f} GiB, the smallest that holds one "
+                      f"{plan['max_model_len']:,}-token request), or {shorter}")  # fmt: skip
+
+
+class NotPredicted(Exception):
+    """Why a start goes ahead without a prediction (said, never a reason to stop)."""
+
+
+@dataclass(frozen=True)
+class StartPrediction:
+    """The prediction for a start: the profile's budget, `max_num_seqs` requests of
+    `max_model_len` asked about too, so a refusal or a short cache comes with its fixes."""
+
+    image: str
+    budgets: Budgets
+    answer: dict[str, Any]
+    cached: bool
+    max_num_seqs: int | None
+
+    @property
+    def plan(self) -> dict[str, Any]:
+        return dict(self.answer["plans"][0])
+
+    def summary(self) -> str:
+        said = [line for line in self.plan.get("engine_lines", []) if "KV cache size:" in line]
+        what = said[0] if said else f"refused: {self.plan.get('refused')}"
+        cache = ", cached" if self.cached else ""
+        return f"capacity predicted by vLLM {self.answer['vllm']} in the image{cache}: {what}"
+
+    def short_warning(self) -> str | None:
+        """A predicted concurrency below max_num_seqs, with the two fixes' numbers."""
+        plan, seqs = self.plan, self.max_num_seqs
+        if "refused" in plan or not seqs or plan["max_concurrency"] >= seqs:
+            return None
+        need = self.answer["for"]["smallest_budget"]["budget_bytes"]
+        longest = self.answer["largest_context"][0]["max_model_len"]
+        fix = f"KV_CACHE_MEMORY={need} ({need / GIB:.2f} GiB) holds {seqs}"
+        if longest:
+            fix += f", or MAX_MODEL_LEN={longest} does"
+        return (f"warning: the predicted KV cache holds {plan['max_concurrency']:.2f} requests of "
+                f"{plan['max_model_len']:,} tokens at once, fewer than max_num_seqs {seqs}: "
+                f"{fix}")  # fmt: skip
+
+
+def start_question(plan: Plan) -> tuple[Budgets, Question]:
+    engine = plan.profile.engine
+    if not engine.kv_cache_memory_bytes:
+        raise NotPredicted("the profile sizes the cache by gpu_memory_utilization, so its budget "
+                           "is known only after the weights load (`make capacity` shows a "
+                           "table)")  # fmt: skip
+    budgets = Budgets((engine.kv_cache_memory_bytes,), "the profile's kv_cache_memory_bytes")
+    seqs = engine.max_num_seqs
+    wanted = (seqs, engine.max_model_len) if seqs and engine.max_model_len else None
+    return budgets, question_for(plan, budgets, wanted, seqs or 0)
+
+
+def predict_start(plan: Plan, image: str) -> StartPrediction:
+    """The start's prediction from the cache, else from `image` when this host has it (a start
+    that must pull it first is not held up by a pull of its own)."""
+    from launch.docker_api import connect, engine_errors, local_image_id
+
+    budgets, question = start_question(plan)
+    seqs = plan.profile.engine.max_num_seqs
+    hit = cached_answer(image, question)
+    if hit is not None:
+        return StartPrediction(image, budgets, hit, True, seqs)
+    try:
+        if local_image_id(connect("start the Docker engine"), image) is None:
+            raise NotPredicted(f"{image} is not on this host yet (`make capacity` pulls it)")
+        answer, cached = predict(image, question)
+    except (UsageError, RuntimeError, *engine_errors()) as err:
+        raise NotPredicted(str(err).splitlines()[0]) from err
+    return StartPrediction(image, budgets, answer, cached, seqs)

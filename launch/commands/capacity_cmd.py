@@ -1,0 +1,63 @@
+"""`python -m launch capacity PROFILE`: the KV cache the profile will get, before it starts.
+
+vLLM's own sizing runs in the profile's image on the CPU (`launch.capacity`); the answer is kept
+per question and image, so asking again costs nothing. `--budget` asks about other budgets,
+`--for 4x1048576` for the smallest budget that holds 4 concurrent requests of 1,048,576 tokens,
+`--largest-context` for the longest request each budget holds. Bad input exits 2, and so does a
+budget the engine would refuse (its reason, and both fixes with numbers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from launch.capacity import (
+    budgets_for,
+    format_answer,
+    parse_requests,
+    parse_size,
+    predict,
+    question_for,
+    refusal,
+)
+from launch.commands.common import add_profile_arguments
+from launch.image_lock import resolve_image
+from launch.plan import plan_for
+from launch.settings import read_settings
+
+NAME = "capacity"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(NAME, help="the KV cache a profile will get, before start")
+    add_profile_arguments(parser)
+    parser.add_argument("--budget", action="append", default=[],
+                        help="a KV cache budget to plan (bytes or e.g. 16GiB; repeatable)")
+    parser.add_argument("--for", dest="for_requests", default=None, metavar="NxTOKENS",
+                        help="the smallest budget holding N concurrent requests of TOKENS")
+    parser.add_argument("--largest-context", action="store_true",
+                        help="the largest max_model_len each budget holds for one request")
+    parser.add_argument("--json", action="store_true", help="the answer as JSON")
+    parser.add_argument("--no-cache", action="store_true", help="ask the image again")
+    return parser  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    asked = tuple(parse_size(b) for b in args.budget)
+    wanted = parse_requests(args.for_requests) if args.for_requests else None
+    settings = read_settings(args.sets)
+    plan = plan_for(settings, args.profile)
+    budgets = budgets_for(plan, asked)
+    image = resolve_image(plan.profile.deployment.image, settings.merged)
+    question = question_for(plan, budgets, wanted, 1 if args.largest_context else 0)
+    answer, cached = predict(image, question, cached=not args.no_cache)
+    if args.json:
+        print(json.dumps({"profile": plan.profile.name, "image": image, "cached": cached,
+                          "budget_source": budgets.source, **answer}, indent=2))  # fmt: skip
+    else:
+        print(format_answer(plan.profile.name, image, budgets, answer, cached))
+    refused = refusal(answer, budgets)
+    if refused is not None:
+        raise refused
+    return 0

@@ -1,0 +1,100 @@
+"""`make capacity`'s sizing (vLLM's engine core, `kvgeometry.engine_plan`) on GLM-5.3's specs as
+vLLM 0.33.0's layers build them: the seeds' figures, what differs from them and why, and the
+inverse questions' answers checked one byte / one token either side."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvgeometry.capacity import largest_context_for, smallest_budget_for
+from kvgeometry.engine_plan import EnginePlan, Refused, engine_plan
+from kvgeometry.glm53_specs import Shape, text_config, vllm_config
+from tests.planner.planning import plan
+from tests.planner.seed_shapes import TWELVE_GIB
+from tests.planner.seed_shapes import vllm_config as planner_config
+
+GIB = 1 << 30
+MILLION = 1_048_576
+SEED_000_TOKENS = {TWELVE_GIB: 5_974_904, "15.87 GiB": 7_900_591}
+"""Seed 000: 906 blocks and 5,974,904 group-aware tokens at 12 GiB; 7,900,591 tokens (7.53
+concurrent 1,048,576-token requests) at the production budget '15.87 GiB available for KV'."""
+
+
+def dflash_config():
+    config = vllm_config(Shape(tp=4, dcp=4, spec_tokens=7, block_size=2304,
+                               max_model_len=MILLION), text_config())  # fmt: skip
+    config.speculative_config = None
+    config.device_config.device_type = "cuda"
+    return config
+
+
+def engine(config, specs, budget) -> EnginePlan:
+    result = engine_plan(config, specs, budget)
+    assert isinstance(result, EnginePlan), result
+    return result
+
+
+def test_seed_000_blocks_and_the_draft_term_vllm_033_cannot_build(real_specs):
+    """The engine core gives seed 000's 906 blocks at 12 GiB, and 1,198 anywhere in the rounding
+    of '15.87 GiB'. The seed's tokens are those blocks over 159 blocks per 1,048,576-token
+    request, for both budgets; the target's groups take 142 of them. The other 17 are the DFlash
+    draft's replicated cache (the fork's; vLLM 0.33.0 shards a draft under DCP 4 and
+    `make capacity` says so), so the tokens here are the target's alone."""
+    specs = real_specs["dflash"]["runtime"]  # the qualified runtime's 528-byte latent
+    twelve = engine(dflash_config(), specs, TWELVE_GIB)
+    assert twelve.num_blocks == 906
+    low, high = (engine(dflash_config(), specs, int(g * GIB)) for g in (15.865, 15.875))
+    assert low.num_blocks == high.num_blocks == 1198
+    per_request_seed = round(906 * MILLION / SEED_000_TOKENS[TWELVE_GIB])
+    assert per_request_seed == 159
+    assert int(906 * MILLION / per_request_seed) == SEED_000_TOKENS[TWELVE_GIB]
+    assert int(1198 * MILLION / per_request_seed) == SEED_000_TOKENS["15.87 GiB"]
+    target_per_request = round(twelve.num_blocks / twelve.max_concurrency)
+    assert target_per_request == 142
+    assert twelve.tokens == int(906 / 142 * MILLION) > SEED_000_TOKENS[TWELVE_GIB]
+
+
+def test_the_engine_core_sizes_as_the_planner_functions(real_specs, split_512):
+    """The engine core's own sizing (what `make capacity` runs) and vLLM's planner functions
+    called one by one (tests/planner/planning.py) agree on seed 004's split shape."""
+    specs = real_specs["mtp3"]["vllm"]
+    config = vllm_config(Shape(tp=4, dcp=1, spec_tokens=3, block_size=512), text_config())
+    config.speculative_config = None
+    by_engine = engine(config, specs, TWELVE_GIB)
+    by_functions = plan(planner_config(max_model_len=262_144), specs)
+    assert by_engine.num_blocks == by_functions.config.num_blocks
+    assert by_engine.geometry.stride_bytes == by_functions.stride
+    assert by_engine.tokens == by_functions.tokens
+    assert any(line.startswith("Keeping split GLM-5.3 cache groups") for line in by_engine.lines)
+
+
+def test_a_budget_below_one_block_is_vllms_refusal(real_specs):
+    specs = real_specs["dflash"]["runtime"]
+    stride = engine(dflash_config(), specs, TWELVE_GIB).geometry.stride_bytes
+    refused = engine_plan(dflash_config(), specs, stride - 1)
+    assert isinstance(refused, Refused)
+    assert "No available memory for the cache blocks" in refused.why
+
+
+def test_the_inverse_answers_are_tight(real_specs, split_512):
+    """The smallest budget for 4 x 262,144 holds them and one byte less does not; the largest
+    context one request fits in 12 GiB fits and one token more does not."""
+    specs = real_specs["mtp3"]["vllm"]
+    config = vllm_config(Shape(tp=4, dcp=1, spec_tokens=3, block_size=512), text_config())
+    config.speculative_config = None
+    need = smallest_budget_for(config, specs, 4, 262_144, (TWELVE_GIB,))["smallest_budget"]
+    assert need["max_concurrency"] >= 4
+    less = engine_plan(config, specs, need["budget_bytes"] - 1)
+    assert isinstance(less, Refused) or less.max_concurrency < 4
+    longest = largest_context_for(config, specs, TWELVE_GIB)
+    from kvgeometry.capacity import with_len
+
+    assert engine(with_len(config, longest), specs, TWELVE_GIB).max_concurrency >= 1
+    more = engine_plan(with_len(config, longest + 1), specs, TWELVE_GIB)
+    assert isinstance(more, Refused) or more.max_concurrency < 1
+
+
+@pytest.fixture
+def split_512(monkeypatch):
+    monkeypatch.setenv("VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE", "512")
+    monkeypatch.setenv("VLLM_GLM53_SPLIT_MAMBA_BLOCK_SIZE", "512")

@@ -1,0 +1,89 @@
+"""`make capacity`'s host side: bad questions exit 2 before any container, budgets come from the
+profile or the command line, the answer line is found among vLLM's own log lines, answers are
+kept per question and image, and a budget the engine refuses exits 2 with both fixes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from launch.__main__ import main
+from launch.capacity import (
+    GIB,
+    TABLE_GIB,
+    Budgets,
+    budgets_for,
+    cache_key,
+    parse_size,
+    question_for,
+    read_answer,
+    refusal,
+)
+from launch.plan import plan_for
+from launch.settings import read_settings
+
+
+@pytest.mark.parametrize(("argv", "field", "fix"), [
+    (["--budget", "0"], "budget='0'", "--budget 16GiB"),
+    (["--budget", "12XB"], "budget='12XB'", "--budget 16GiB"),
+    (["--for", "0x10"], "for='0x10'", "--for 4x1048576"),
+    (["--for", "4xabc"], "for='4xabc'", "--for 4x1048576"),
+    (["--for", "4"], "for='4'", "--for 4x1048576"),
+])  # fmt: skip
+def test_bad_questions_exit_2_naming_field_value_and_fix(capsys, monkeypatch, argv, field, fix):
+    monkeypatch.setattr("launch.capacity.ask_image", lambda *a: pytest.fail("a container ran"))
+    assert main(["capacity", "cpu-tiny", *argv]) == 2
+    err = capsys.readouterr().err
+    assert field in err and "Fix:" in err and fix in err
+
+
+@pytest.mark.parametrize(("text", "size"), [
+    ("17179869184", 16 * GIB), ("16GiB", 16 * GIB), ("16 gib", 16 * GIB), ("512MiB", 1 << 29),
+    ("16GB", 16 * 10**9), ("15.87GiB", int(15.87 * GIB)),
+])  # fmt: skip
+def test_sizes(text, size):
+    assert parse_size(text) == size
+
+
+def test_budgets_from_the_profile_or_a_table():
+    tiny = budgets_for(plan_for(read_settings(()), "cpu-tiny"), ())
+    assert tiny.sizes == (1 << 30,) and "kv_cache_memory_bytes" in tiny.source
+    mtp3 = budgets_for(plan_for(read_settings(()), "mtp3-tp4-split"), ())
+    assert mtp3.sizes == tuple(g * GIB for g in TABLE_GIB)
+    assert "Available KV cache memory" in mtp3.source
+    asked = budgets_for(plan_for(read_settings(()), "mtp3-tp4-split"), (12 * GIB,))
+    assert asked == Budgets((12 * GIB,), "--budget")
+
+
+def test_the_question_carries_the_plan_and_the_cache_key_the_image():
+    plan = plan_for(read_settings(()), "mtp3-tp4-split")
+    q = question_for(plan, Budgets((GIB,), "--budget"), (4, 262_144), True)
+    data = q.to_json()
+    assert data["argv"] == list(plan.argv) and data["env"] == plan.env
+    assert data["env"]["VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE"] == "512"
+    assert data["device"] == "cuda" and data["for"] == [4, 262_144]
+    assert cache_key(q, "sha256:a") != cache_key(q, "sha256:b")
+    assert cache_key(q, "sha256:a") == cache_key(q, "sha256:a")
+
+
+def test_the_answer_line_among_vllms_log_lines():
+    out = ("(EngineCore pid=1) INFO 12-03 [core.py:1] {\"not\": \"it\"}\n"
+           'KIT-CAPACITY {"vllm": "0.33.0", "plans": []}\n'
+           "(EngineCore pid=1) INFO 12-03 [core.py:2] done\n")  # fmt: skip
+    assert read_answer(out) == {"vllm": "0.33.0", "plans": []}
+    assert read_answer("no answer\n") is None
+
+
+def test_a_refused_budget_names_the_engines_reason_and_both_fixes():
+    """The answer's shape is what kvgeometry.capacity returns for a refused plan (its fields are
+    written by `EnginePlan`/`Refused.to_json`); the numbers here are only carried through."""
+    why = "To serve at least one request with the model's max seq len (1048576), ..."
+    answer = {"plans": [{"budget_bytes": GIB, "max_model_len": 1_048_576, "refused": why}],
+              "fix": {"smallest_budget": {"smallest_budget": {"budget_bytes": 2 * GIB}},
+                      "largest_context": [{"budget_bytes": GIB,
+                                           "max_model_len": 524_288}]}}  # fmt: skip
+    err = refusal(answer, Budgets((GIB,), "the profile's kv_cache_memory_bytes"))
+    assert err is not None and err.field == "KV_CACHE_MEMORY" and why in err.rule
+    assert f"KV_CACHE_MEMORY={2 * GIB}" in err.fix and "MAX_MODEL_LEN=524288" in err.fix
+    assert refusal({"plans": [json.loads('{"budget_bytes": 1}')]}, Budgets((1,), "x")) is None
