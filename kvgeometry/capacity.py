@@ -43,6 +43,8 @@ class Unsupported(Exception):
 
 @dataclass(frozen=True)
 class Question:
+    """What `make capacity` asks (written by the host, `launch.capacity`, read here)."""
+
     architecture: str
     argv: tuple[str, ...]
     env: dict[str, str]
@@ -51,6 +53,12 @@ class Question:
     for_requests: tuple[int, int] | None = None
     largest_context: int = 0
     """0, or how many concurrent requests the longest max_model_len must hold."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"architecture": self.architecture, "argv": list(self.argv), "env": self.env,
+                "device": self.device, "budgets": list(self.budgets),
+                "for": list(self.for_requests) if self.for_requests else None,
+                "largest_context": self.largest_context}  # fmt: skip
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Question:

@@ -100,9 +100,25 @@ class _Executor:
         return []
 
 
+ONCE_CACHES = ("_print_debug_once", "_print_info_once", "_print_warning_once",
+               "_print_error_once")  # fmt: skip
+"""vLLM's `logger.info_once` and kin remember what they printed (functools caches in
+vllm.logger); a start is a fresh process, so each planned start forgets them, before and after."""
+
+
+def _forget_once_lines() -> None:
+    import vllm.logger
+
+    for name in ONCE_CACHES:
+        cached = getattr(vllm.logger, name, None)
+        if cached is not None and hasattr(cached, "cache_clear"):
+            cached.cache_clear()
+
+
 @contextlib.contextmanager
 def vllm_lines() -> Iterator[list[str]]:
-    """Every message vLLM's loggers emit at INFO and above inside the block."""
+    """Every message vLLM's loggers emit at INFO and above inside the block, once-only lines
+    included as a fresh start prints them."""
     logger = logging.getLogger("vllm")
     lines: list[str] = []
     handler = logging.Handler(logging.INFO)
@@ -110,9 +126,11 @@ def vllm_lines() -> Iterator[list[str]]:
     level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
+    _forget_once_lines()
     try:
         yield lines
     finally:
+        _forget_once_lines()
         logger.removeHandler(handler)
         logger.setLevel(level)
 

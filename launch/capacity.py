@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvgeometry.capacity import ANSWER
+from kvgeometry.capacity import ANSWER, Question
 from launch.compose_files import KIT_PACKAGES
 from launch.errors import UsageError
 from launch.plan import Plan
@@ -84,26 +84,6 @@ def budgets_for(plan: Plan, asked: tuple[int, ...]) -> Budgets:
         f"{engine.gpu_memory_utilization or 'default'}, so the real budget is known only after "
         "the weights load; the start logs it as 'Available KV cache memory: X GiB' "
         "(--budget asks about that figure)"))  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Question:
-    """What the container is asked (`kvgeometry.capacity.Question`)."""
-
-    architecture: str
-    argv: tuple[str, ...]
-    env: dict[str, str]
-    device: str
-    budgets: tuple[int, ...]
-    for_requests: tuple[int, int] | None = None
-    largest_context: int = 0
-    """0, or the number of concurrent requests whose longest max_model_len is asked for."""
-
-    def to_json(self) -> dict[str, Any]:
-        return {"architecture": self.architecture, "argv": list(self.argv), "env": self.env,
-                "device": self.device, "budgets": list(self.budgets),
-                "for": list(self.for_requests) if self.for_requests else None,
-                "largest_context": self.largest_context}  # fmt: skip
 
 
 def question_for(plan: Plan, budgets: Budgets, for_requests: tuple[int, int] | None,

@@ -12,8 +12,10 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from launch.capacity import predict_start
 from launch.cli_args import add_api_key_argument, add_set_argument, positive_float, positive_int
 from launch.errors import UsageError
+from launch.image_lock import resolve_image
 from launch.plan import plan_for
 from launch.settings import read_settings
 from smoke.agent_api import DEFAULT_CONCURRENCY
@@ -99,7 +101,9 @@ def run(args: argparse.Namespace) -> int:
         request_timeout=args.request_timeout, concurrency=args.concurrency,
         context_tokens=args.context_tokens, only=tuple(args.only), skip=tuple(args.skip),
     )  # fmt: skip
-    checks = smoke_check(plan, options)
+    image = plan.profile.deployment.image
+    checks = smoke_check(plan, options, predict=lambda p: predict_start(
+        p, resolve_image(image, settings.merged)))  # fmt: skip
     if args.json:
         print(to_json(checks, profile=plan.profile.name, url=options.url,
                       deviations=[str(d) for d in plan.deviations]))  # fmt: skip

@@ -38,6 +38,7 @@ LOG_CHECKS: dict[str, str] = {
     "log.offload-connector": "log: KV offload connector ({})",
     "log.offload-region": "log: KV offload region",
     "log.backend": "log: backend {}",
+    "log.capacity": "log: capacity as predicted",
 }
 """Key -> title of every log check; `{}` takes the thing a keyed family names."""
 

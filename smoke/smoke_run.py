@@ -10,13 +10,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from launch.capacity import StartPrediction
 from launch.plan import Plan
 from smoke.agent_api import DEFAULT_CONCURRENCY
+from smoke.capacity_check import capacity_check
 from smoke.check import Check
 from smoke.checks import Context, run_request_checks
 from smoke.client import Server, served_context
 from smoke.containers import ContainerLogs, connect, find_service_containers
-from smoke.log_checks import log_checks
+from smoke.log_checks import label, log_checks
 from smoke.log_facts import LogFacts
 from smoke.logparse import LogParser
 from smoke.ready import LogSource, LogTail, restart_check, settle_log, wait_ready
@@ -56,8 +58,12 @@ def log_source(options: SmokeOptions, profile: str, parser: LogParser) -> LogSou
 
 
 def smoke_check(plan: Plan, options: SmokeOptions, stdin: Iterable[str] = sys.stdin,
-                progress: Callable[[str], None] | None = None) -> list[Check]:  # fmt: skip
-    """Every check of a started server against `plan`, in order."""
+                progress: Callable[[str], None] | None = None,
+                predict: Callable[[Plan], StartPrediction] | None = None,
+                ) -> list[Check]:  # fmt: skip
+    """Every check of a started server against `plan`, in order; with `predict`, a server the
+    compose service runs is also checked against its predicted capacity (when every check is
+    asked for)."""
     profile = plan.profile
     server = Server(options.url, profile.engine.model_id, options.api_key,
                     options.request_timeout,
@@ -79,5 +85,8 @@ def smoke_check(plan: Plan, options: SmokeOptions, stdin: Iterable[str] = sys.st
         settle_log(tail)
     if not options.no_log:
         checks.append(restart_check(restarts, tail.restarts()))
-        checks += log_checks(profile, parser.result(options.service))
+        facts = parser.result(options.service)
+        checks += log_checks(profile, facts)
+        if predict is not None and checks[0].ok and options.log is None and not options.only:
+            checks.append(capacity_check(label("log.capacity"), predict, plan, facts, server))
     return checks

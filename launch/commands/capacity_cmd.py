@@ -1,7 +1,9 @@
 """`python -m launch capacity PROFILE`: the KV cache the profile will get, before it starts.
 
 vLLM's own sizing runs in the profile's image on the CPU (`launch.capacity`); the answer is kept
-per question and image, so asking again costs nothing. `--budget` asks about other budgets,
+per question and image, so asking again costs nothing. Without options it asks what `make up`
+asks (the profile's budget, and how `max_num_seqs` requests of `max_model_len` fit), so the two
+share one answer. `--budget` asks about other budgets,
 `--for 4x1048576` for the smallest budget that holds 4 concurrent requests of 1,048,576 tokens,
 `--largest-context` for the longest request each budget holds. Bad input exits 2, and so does a
 budget the engine would refuse (its reason, and both fixes with numbers).
@@ -20,6 +22,7 @@ from launch.capacity import (
     predict,
     question_for,
     refusal,
+    start_question,
 )
 from launch.commands.common import add_profile_arguments
 from launch.image_lock import resolve_image
@@ -48,9 +51,12 @@ def run(args: argparse.Namespace) -> int:
     wanted = parse_requests(args.for_requests) if args.for_requests else None
     settings = read_settings(args.sets)
     plan = plan_for(settings, args.profile)
-    budgets = budgets_for(plan, asked)
     image = resolve_image(plan.profile.deployment.image, settings.merged)
-    question = question_for(plan, budgets, wanted, 1 if args.largest_context else 0)
+    if not (asked or wanted or args.largest_context) and plan.profile.engine.kv_cache_memory_bytes:
+        budgets, question = start_question(plan)  # what `make up` and `make smoke` ask
+    else:
+        budgets = budgets_for(plan, asked)
+        question = question_for(plan, budgets, wanted, 1 if args.largest_context else 0)
     answer, cached = predict(image, question, cached=not args.no_cache)
     if args.json:
         print(json.dumps({"profile": plan.profile.name, "image": image, "cached": cached,

@@ -77,6 +77,7 @@ STEPS: tuple[Step, ...] = (
     faults.PREFIX_OFF,
     faults.KV_DOES_NOT_FIT,
     capacity.REFUSED,
+    capacity.UP_REFUSED,
     access.EVERY_ROUTE,
     clients.VANISHED,
     soak.SOAK,

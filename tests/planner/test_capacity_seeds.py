@@ -66,6 +66,9 @@ def test_the_engine_core_sizes_as_the_planner_functions(real_specs, split_512):
     assert by_engine.geometry.stride_bytes == by_functions.stride
     assert by_engine.tokens == by_functions.tokens
     assert any(line.startswith("Keeping split GLM-5.3 cache groups") for line in by_engine.lines)
+    # each planned start logs what a fresh process logs, vLLM's once-only lines included
+    again = engine(config, specs, 2 * TWELVE_GIB)
+    assert any(line.startswith("Keeping split GLM-5.3 cache groups") for line in again.lines)
 
 
 def test_a_budget_below_one_block_is_vllms_refusal(real_specs):

@@ -1,71 +1,68 @@
-"""`make capacity` against the real engine: the prediction (vLLM's engine core sizing in the
-CPU image, on specs of the model built on the meta device) must equal what the started engine
-logged and serves on /metrics, field by field; a second ask is answered from the cache; and the
-configuration the engine refuses is refused by the prediction in the engine's own words."""
+"""`make capacity` and `make up`'s prediction against the real engine: the prediction (vLLM's
+engine core sizing in the CPU image, on specs of the model built on the meta device) must equal
+what the started engine logged and serves on /metrics, field by field, at the profile's budget
+and at a second budget and context set in compose/.env; a second ask is answered from the cache;
+the configuration the engine refuses is refused by `make capacity` in the engine's own words and
+by `make up` before any container exists, and the fix it names starts and passes `make smoke`."""
 
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
 from launch.loader import load
-from smoke.log_facts import LogFacts
+from smoke.capacity_check import cache_config_info, disagreements
 from smoke.logparse import parse_lines
-from tests.e2e.harness import HOST_PORT, PROFILE, Run, Step, StepFailed, container, make
+from tests.e2e.harness import (
+    HOST_PORT,
+    PROFILE,
+    Run,
+    Step,
+    StepFailed,
+    compose_down,
+    container,
+    make,
+    read_verdict,
+    user_settings,
+    wait_healthy,
+)
 from tests.e2e.steps.faults import KV_DOES_NOT_FIT
 from tests.e2e.steps.images import CUDA_PIN
 from tests.e2e.steps.serving import SMOKE
 
-LOG_PREFIX = "(EngineCore pid=1) INFO 12-03 12:00:00 [capacity.py:1] "
-"""The prediction's engine lines are messages; the parser reads them as a log line carries
-them (vLLM's own line format)."""
+SECOND_BUDGET = 536_870_912
+"""The second budget (512 MiB, half the profile's), set as KV_CACHE_MEMORY in compose/.env."""
 
 
-def predict(run: Run, *extra: str, env: dict[str, str] | None = None,
-            profile: str = PROFILE) -> tuple[dict, float]:  # fmt: skip
-    """`make capacity ... --json` as a user types it: its answer and how long it took."""
+def predict(run: Run, *extra: str, env: dict[str, str] | None = None, profile: str = PROFILE,
+            check: bool = True) -> tuple[dict, float, str]:  # fmt: skip
+    """`make capacity ... --json` as a user types it: its answer, how long it took, stderr."""
     start = time.monotonic()
     done = make(run, "capacity", f"PROFILE={profile}",
-                f"CAPACITY_ARGS=--json {' '.join(extra)}".strip(), timeout=600,
+                f"CAPACITY_ARGS=--json {' '.join(extra)}".strip(), timeout=600, check=check,
                 env={**run.env, **(env or {})})  # fmt: skip
-    text = done.stdout[done.stdout.index("{"):]
-    return json.loads(text), time.monotonic() - start
+    answer = json.loads(done.stdout[done.stdout.index("{"):])
+    return answer, time.monotonic() - start, done.stderr
 
 
-def facts_of(plan: dict) -> LogFacts:
-    return parse_lines(LOG_PREFIX + line for line in plan["engine_lines"])
-
-
-def cache_config_info() -> dict[str, str]:
-    text = requests.get(f"http://127.0.0.1:{HOST_PORT}/metrics", timeout=10).text
-    for family in text_string_to_metric_families(text):
-        if family.name == "vllm:cache_config_info":
-            return dict(family.samples[0].labels)
-    raise StepFailed("/metrics has no vllm:cache_config_info")
+def engine_agrees(run: Run, plan: dict) -> None:
+    """The prediction against the running engine: its log (kept in the work directory) and
+    its /metrics."""
+    log = run.sh(["docker", "logs", container()]).stdout
+    metrics = requests.get(f"http://127.0.0.1:{HOST_PORT}/metrics", timeout=10).text
+    wrong = disagreements(plan, parse_lines(log.splitlines()), cache_config_info(metrics))
+    if wrong:
+        raise StepFailed(f"prediction != engine (predicted, started): {wrong}")
 
 
 def predicted_as_started(run: Run) -> str:
-    answer, cold = predict(run, "--no-cache")
+    answer, cold, _ = predict(run, "--no-cache")
     plan = answer["plans"][0]
-    want = facts_of(plan)
-    with (run.work / "server.log").open(encoding="utf-8") as fh:
-        seen = parse_lines(fh)
-    pairs = {
-        "KV cache size tokens": (want.kv_cache_tokens, seen.kv_cache_tokens),
-        "maximum concurrency": (want.max_concurrency, seen.max_concurrency),
-        "concurrency at tokens": (want.max_concurrency_tokens, seen.max_concurrency_tokens),
-        "geometry line": (want.kv_geometry and want.kv_geometry.to_json(),
-                          seen.kv_geometry and seen.kv_geometry.to_json()),
-    }  # fmt: skip
-    info = cache_config_info()
-    pairs["/metrics num_gpu_blocks"] = (str(plan["num_blocks"]), info.get("num_gpu_blocks"))
-    wrong = {k: v for k, v in pairs.items() if v[0] != v[1] or v[0] is None}
-    if wrong:
-        raise StepFailed(f"prediction != engine (predicted, started): {wrong}")
-    again, warm = predict(run)
+    engine_agrees(run, plan)
+    again, warm, _ = predict(run)
     if not again["cached"] or again["plans"] != answer["plans"]:
         raise StepFailed(f"the second ask was not the cached answer: cached={again['cached']}")
     return (f"{plan['num_blocks']:,} blocks, {plan['tokens']:,} tokens, "
@@ -74,20 +71,58 @@ def predicted_as_started(run: Run) -> str:
 
 
 def refused_as_started(run: Run) -> str:
-    """The configuration KV_DOES_NOT_FIT started (MAX_MODEL_LEN=1048576 on 1 GiB): the
-    prediction must refuse it with the message the engine's log has."""
-    done = make(run, "capacity", f"PROFILE={PROFILE}", "CAPACITY_ARGS=--json", timeout=600,
-                check=False, env={**run.env, "MAX_MODEL_LEN": "1048576"})  # fmt: skip
-    answer = json.loads(done.stdout[done.stdout.index("{"):])
+    """The configuration KV_DOES_NOT_FIT started (MAX_MODEL_LEN=1048576 on 1 GiB): `make
+    capacity` refuses it with the message the engine's log has, and both fixes."""
+    answer, _, stderr = predict(run, env={"MAX_MODEL_LEN": "1048576"}, check=False)
     why = answer["plans"][0].get("refused")
     log = run.sh(["docker", "logs", container()], check=False).stdout
-    if done.returncode == 0 or not why or why not in log:
-        raise StepFailed(f"exit {done.returncode}, predicted {why!r}; the engine's log has no "
-                         "such refusal")  # fmt: skip
-    fix = [line for line in done.stderr.splitlines() if "KV_CACHE_MEMORY=" in line]
+    if not why or why not in log:
+        raise StepFailed(f"predicted {why!r}; the engine's log has no such refusal")
+    fix = [line for line in stderr.splitlines() if "KV_CACHE_MEMORY=" in line]
     if not fix or "MAX_MODEL_LEN=" not in fix[0]:
-        raise StepFailed(f"no fix with numbers: {done.stderr[-300:]}")
+        raise StepFailed(f"no fix with numbers: {stderr[-300:]}")
     return f"refused as the engine did ({why[:80]}...); {fix[0][fix[0].index('Fix'):][:160]}"
+
+
+def project_containers(run: Run) -> list[str]:
+    out = run.sh(["docker", "ps", "--all", "--filter", "label=com.docker.compose.project=glm53",
+                  "--format", "{{.Names}}"]).stdout  # fmt: skip
+    return out.split()
+
+
+def up_refuses_then_the_fix_serves(run: Run) -> str:
+    """compose/.env with a 512 MiB budget and a 1,048,576-token context: `make up` exits 2 with
+    no container created and names MAX_MODEL_LEN=N; with that N the same `make up` starts,
+    `make smoke` passes (its `log: capacity as predicted` among the checks), and the
+    prediction equals the engine at this second budget and context."""
+    compose_down(run)
+    budget = f"KV_CACHE_MEMORY={SECOND_BUDGET}"
+    with user_settings(budget, "MAX_MODEL_LEN=1048576"):
+        done = make(run, "up", f"PROFILE={PROFILE}", check=False)
+    left = project_containers(run)
+    fix = re.search(r"MAX_MODEL_LEN=(\d+)", done.stderr)
+    if done.returncode == 0 or left or fix is None:
+        raise StepFailed(f"make up exited {done.returncode}, containers {left}: "
+                         f"{done.stderr[-300:]}")  # fmt: skip
+    length = fix.group(1)
+    with user_settings(budget, f"MAX_MODEL_LEN={length}"):
+        make(run, "up", f"PROFILE={PROFILE}")
+        secs = wait_healthy(run, [container()])
+        smoke = make(run, "smoke", f"PROFILE={PROFILE}", "SMOKE_ARGS=--json", check=False)
+        answer, _, _ = predict(run)
+    verdict = read_verdict(smoke.stdout, smoke.returncode)
+    if verdict.exit_code != 0 or verdict.failed() or not verdict.passed("log.capacity"):
+        raise StepFailed(f"smoke of the fixed configuration: {verdict.failed()} "
+                         f"{verdict.checks.get('log.capacity')}")  # fmt: skip
+    plan = answer["plans"][0]
+    if plan["budget_bytes"] != SECOND_BUDGET or plan["max_model_len"] != int(length):
+        raise StepFailed(f"make capacity planned {plan['budget_bytes']} / {plan['max_model_len']}")
+    engine_agrees(run, plan)
+    seen = verdict.checks["log.capacity"]["seen"][:60]
+    return (f"refused with no container, fix MAX_MODEL_LEN={length}; that start healthy after "
+            f"{secs:.0f} s, smoke passed with '{seen}'; "
+            f"{plan['num_blocks']:,} blocks, {plan['tokens']:,} tokens as the engine "
+            "has")  # fmt: skip
 
 
 def glm_in_cuda_image(run: Run) -> str:
@@ -96,7 +131,7 @@ def glm_in_cuda_image(run: Run) -> str:
     names, for the roles whose format the image shares with the qualified runtime); dflash is
     refused, naming what vLLM 0.33.0 lacks."""
     env = {"IMAGE": run.state.image("kit-id"), "IMAGE_SOURCE": "kit"}
-    answer, secs = predict(run, "--budget", "12GiB", env=env, profile="mtp3-tp4-split")
+    answer, secs, _ = predict(run, "--budget", "12GiB", env=env, profile="mtp3-tp4-split")
     plan = answer["plans"][0]
     expect = load("mtp3-tp4-split").profile.expect
     geometry = plan["geometry"]
@@ -121,5 +156,7 @@ PREDICTED = Step("make capacity equals the started engine (log, geometry, /metri
                  predicted_as_started, (SMOKE,))  # fmt: skip
 REFUSED = Step("make capacity refuses what the engine refused, in its words",
                refused_as_started, (KV_DOES_NOT_FIT,))  # fmt: skip
+UP_REFUSED = Step("make up refuses what cannot fit; the fix it names serves and passes smoke",
+                  up_refuses_then_the_fix_serves, (REFUSED,))  # fmt: skip
 CUDA_CAPACITY = Step("make capacity of both GLM profiles in the CUDA image", glm_in_cuda_image,
                      (CUDA_PIN,))  # fmt: skip
