@@ -147,7 +147,7 @@ def glm53_specs(argv: tuple[str, ...], env: dict[str, str],
                 device: str) -> tuple[Any, dict[str, Any], str | None]:  # fmt: skip
     """GLM-5.3's config and one rank's specs for the shape `argv` serves (see the module
     docstring of `kvgeometry.glm53_specs` for what stands in for the checkpoint)."""
-    from kvgeometry.glm53_specs import Shape, build, text_config, vllm_config
+    from kvgeometry.glm53_specs import MTP_LAYERS, Shape, build, text_config, vllm_config
 
     args = serve_args(argv)
     spec = json.loads(args.speculative_config) if isinstance(args.speculative_config, str) \
@@ -172,7 +172,10 @@ def glm53_specs(argv: tuple[str, ...], env: dict[str, str],
     shape = Shape(tp=int(args.tensor_parallel_size or 1), dcp=dcp,
                   spec_tokens=int(spec.get("num_speculative_tokens") or 0), block_size=block,
                   kv_cache_dtype=str(args.kv_cache_dtype or "auto"),
-                  max_model_len=int(args.max_model_len), attention_backend=backend)  # fmt: skip
+                  max_model_len=int(args.max_model_len), attention_backend=backend,
+                  mtp_layers=MTP_LAYERS if spec.get("method") == "mtp" else 0,
+                  kda_prefill_backend=str(getattr(args, "kda_prefill_backend", None)
+                                          or "auto"))  # fmt: skip
     with tempfile.TemporaryDirectory() as work:
         specs = build(shape, Path(work))["vllm"]
     config = vllm_config(shape, text_config())

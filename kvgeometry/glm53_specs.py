@@ -9,6 +9,10 @@ spec path (`vllm.v1.worker.gpu.attn_utils.get_kv_cache_spec`, which applies each
 `layer_types` (45 layers: 11 sparse-MLA, 34 gated-delta).
 
 Stand-ins, each for something that cannot run here, and nothing else:
+- the KDA prefill backend: FlashKDA's kernels are CUDA-only, so the gated-delta layer is built
+  on the CPU and then given the backend an SM120 GPU resolves the server's choice to
+  (`gpu_kda_backend`: vLLM's own resolution asked with a CUDA stand-in); its spec (the
+  prefill-checkpoint block FlashKDA keeps) is then the layer's own `get_kv_cache_spec`;
 - the `vllm.models.glm5next` package's `__init__` is skipped (it imports the model class, whose
   multimodal processor imports torchvision, which has no build for this CPU torch); the layer
   modules themselves are vLLM's;
@@ -21,7 +25,8 @@ Stand-ins, each for something that cannot run here, and nothing else:
   under "runtime", the same specs with the qualified runtime's 528-byte latent, HAND-WRITTEN
   (512 FP8 bytes and 16 scale bytes per token; seed 004's 287,232-byte page less the indexer's
   16,896), for the cross-checks against the seeds' numbers.
-Checkpoint values transformers' defaults lack: `index_kpool` 4 (GLM-5.3-Flash's; the default is
+Checkpoint values transformers' defaults lack: `num_nextn_predict_layers` 1 (one MTP layer, built
+with `--mtp-layers` as the drafter adds it), `index_kpool` 4 (GLM-5.3-Flash's; the default is
 16), `mla_use_nope` true (`qk_rope_head_dim` is 0) and `indexer_rope_interleave` false (no RoPE
 dims to interleave); see ../shared/notes/glm53-geometry.md.
 
@@ -33,6 +38,7 @@ writes {"vllm": specs, "runtime": specs}, each a layer name -> KVCacheSpec mappi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import pickle
 import socket
@@ -49,6 +55,9 @@ SM120_SPARSE_MLA = "FLASHINFER_MLA_SPARSE_SM120"
 """vLLM 0.33.0's sparse-MLA backend on SM120 (`platforms/cuda.py`: TRITON_MLA, which has no
 sparse support, then this one)."""
 RUNTIME_LATENT_BYTES = 528
+MTP_LAYERS = 1
+"""GLM-5.3-Flash's `num_nextn_predict_layers` (45 layers + 1 MTP in zai-org/GLM-5.3-Flash's
+config; transformers' Glm5NextTextConfig has no such field)."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,12 @@ class Shape:
     kv_cache_dtype: str = "fp8"
     max_model_len: int = 262_144
     attention_backend: str = SM120_SPARSE_MLA
+    mtp_layers: int = 0
+    """The MTP draft's sparse-MLA layers (GLM-5.3-Flash has one, index 45), whose caches the
+    drafter adds beside the target's when the speculative method is mtp."""
+    kda_prefill_backend: str = "auto"
+    """The server's `--kda-prefill-backend`: with FlashKDA each recurrent layer keeps a
+    prefill-checkpoint block per request (vLLM's `Glm5NextLinearAttention.get_kv_cache_spec`)."""
 
 
 def text_config():
@@ -134,6 +149,29 @@ def latent_spec(config, text, latent: str, backend_name: str = SM120_SPARSE_MLA)
     return customize_attention_spec(backend, MLAAttention.get_kv_cache_spec(layer, config))
 
 
+def gpu_kda_backend(kda, layer, requested: str) -> str:
+    """The KDA prefill backend an SM120 GPU resolves `requested` to: vLLM's own
+    `_resolve_kda_prefill_backend`, asked with a stand-in for the CUDA platform (capability
+    12.0), since the CPU platform answers for itself; the layer's head size, dtype and gate
+    bound are the real ones."""
+    from unittest import mock
+
+    import torch
+    from vllm.platforms.interface import DeviceCapability
+
+    sm120 = SimpleNamespace(is_cuda=lambda: True,
+                            get_device_capability=lambda: DeviceCapability(12, 0))  # fmt: skip
+    with mock.patch.object(kda, "current_platform", sm120):
+        return str(kda._resolve_kda_prefill_backend(requested, layer.head_dim, torch.bfloat16,
+                                                    layer.kda_lower_bound))  # fmt: skip
+
+
+def mtp_prefix(text, index: int) -> str:
+    """The MTP layer's name: vLLM's `Glm5NextMultiTokenPredictor` numbers its layers on from the
+    target's (`model.layers.45` for GLM-5.3-Flash's one)."""
+    return f"model.layers.{text.num_hidden_layers + index}.mtp_block"
+
+
 def build_rank(shape: Shape, rank: int, port: int) -> dict[str, dict]:
     """This rank's specs for the whole model (one layer of each kind built, then named), with
     vLLM's latent and with the runtime's."""
@@ -156,8 +194,14 @@ def build_rank(shape: Shape, rank: int, port: int) -> dict[str, dict]:
         indexer = f"model.layers.{mla_at}.self_attn.indexer"
         attention.Indexer(config, text, text.hidden_size, text.q_lora_rank, None,
                           config.cache_config, None, indexer)  # fmt: skip
-        kda.Glm5NextLinearAttention(config=text, vllm_config=config,
-                                    prefix=f"model.layers.{gdn_at}.self_attn")  # fmt: skip
+        for mtp in range(shape.mtp_layers):  # the drafter's layers, past the target's
+            attention.Indexer(config, text, text.hidden_size, text.q_lora_rank, None,
+                              config.cache_config, None,
+                              f"{mtp_prefix(text, mtp)}.self_attn.indexer")  # fmt: skip
+        gdn = kda.Glm5NextLinearAttention(config=text, vllm_config=config,
+                                          prefix=f"model.layers.{gdn_at}.self_attn")  # fmt: skip
+        # built on the CPU (FlashKDA's kernels are CUDA-only); its spec as the GPU server's
+        gdn.kda_prefill_backend = gpu_kda_backend(kda, gdn, shape.kda_prefill_backend)
         built = get_kv_cache_spec(config)
         latents = {kind: latent_spec(config, text, kind, shape.attention_backend)
                    for kind in ("vllm", "runtime")}  # fmt: skip
@@ -173,6 +217,11 @@ def build_rank(shape: Shape, rank: int, port: int) -> dict[str, dict]:
                 specs[f"model.layers.{i}.self_attn.{part}"] = built[
                     f"model.layers.{mla_at}.self_attn.{part}"
                 ]
+        for mtp in range(shape.mtp_layers):
+            prefix = f"{mtp_prefix(text, mtp)}.self_attn"
+            specs[f"{prefix}.mla_attn"] = latent
+            for part in ("indexer.k_cache", "indexer.tail_cache"):
+                specs[f"{prefix}.{part}"] = built[f"{prefix}.{part}"]
     return out
 
 
@@ -181,13 +230,13 @@ def build(shape: Shape, work: Path) -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    out = work / (f"specs-{shape.tp}-{shape.dcp}-{shape.spec_tokens}-{shape.block_size}-"
-                  f"{shape.kv_cache_dtype}.pkl")
+    out = work / ("specs-" + "-".join(str(v) for v in dataclasses.astuple(shape)) + ".pkl")
     argv = [sys.executable, "-m", "kvgeometry.glm53_specs", "--tp", str(shape.tp), "--dcp",
             str(shape.dcp), "--spec-tokens", str(shape.spec_tokens), "--block",
             str(shape.block_size), "--kv-cache-dtype", shape.kv_cache_dtype, "--max-model-len",
-            str(shape.max_model_len), "--attention-backend", shape.attention_backend, "--port",
-            str(port), "--out", str(out)]  # fmt: skip
+            str(shape.max_model_len), "--attention-backend", shape.attention_backend,
+            "--mtp-layers", str(shape.mtp_layers), "--kda-prefill-backend",
+            shape.kda_prefill_backend, "--port", str(port), "--out", str(out)]  # fmt: skip
     ranks = [
         subprocess.Popen([*argv, "--rank", str(r)], env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"},
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -209,12 +258,15 @@ def main() -> None:
     parser.add_argument("--kv-cache-dtype", default="fp8")
     parser.add_argument("--max-model-len", type=int, default=262_144)
     parser.add_argument("--attention-backend", default=SM120_SPARSE_MLA)
+    parser.add_argument("--mtp-layers", type=int, default=0)
+    parser.add_argument("--kda-prefill-backend", default="auto")
     parser.add_argument("--rank", type=int)
     parser.add_argument("--port", type=int)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     shape = Shape(args.tp, args.dcp, args.spec_tokens, args.block, args.kv_cache_dtype,
-                  args.max_model_len, args.attention_backend)
+                  args.max_model_len, args.attention_backend, args.mtp_layers,
+                  args.kda_prefill_backend)
     if args.rank is None:
         build(shape, args.out.parent)
         return

@@ -101,3 +101,91 @@ def test_the_inverse_answers_are_tight(real_specs, split_512):
 def split_512(monkeypatch):
     monkeypatch.setenv("VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE", "512")
     monkeypatch.setenv("VLLM_GLM53_SPLIT_MAMBA_BLOCK_SIZE", "512")
+
+
+SEED_004 = {"automatic": (4_412_757, 16.83), "split": (1_265_215, 4.83)}
+"""Seed 004: 'The MTP3 DCP1 server retained 1,265,215 local KV tokens, or 4.83 concurrent
+262,144-token requests. The automatic 2304-token unified layout reported 4,412,757 tokens.'"""
+SEED_004_BUDGET = 34_467_924_480
+"""A budget (32.10 GiB) at which both figures come out; the seed does not state its budget."""
+
+
+@pytest.fixture(scope="module")
+def mtp3_as_served(tmp_path_factory):
+    """Seed 004's server's specs, from vLLM's classes: TP4/DCP1 with the MTP layer's caches
+    (the drafter's sparse-MLA layer 45) and the recurrent layers as FlashKDA keeps them (3
+    speculative blocks and a prefill-checkpoint block per request); the latent in the runtime's
+    528-byte format."""
+    from kvgeometry.glm53_specs import build
+
+    shape = Shape(tp=4, dcp=1, spec_tokens=3, block_size=512, mtp_layers=1,
+                  kda_prefill_backend="flashkda")  # fmt: skip
+    return build(shape, tmp_path_factory.mktemp("mtp3-served"))["runtime"]
+
+
+def runtime_pages(specs: dict, block: int, recurrent_padded_to: int | None) -> dict:
+    """The qualified runtime's caches at `block` tokens: its target page is latent + indexer
+    and nothing else (seed 004's 287,232 bytes at 512; the fork logs two physical page sizes,
+    target and recurrent, where vLLM 0.33.0 has a third cache, the tail ring, which is left out
+    here); the recurrent page padded as vLLM's hybrid alignment pads it, when asked."""
+    import dataclasses
+
+    from vllm.v1.kv_cache_interface import CircularBufferSpec, MambaSpec
+
+    out = {}
+    for name, spec in specs.items():
+        if isinstance(spec, CircularBufferSpec):
+            continue
+        padded = recurrent_padded_to if isinstance(spec, MambaSpec) else None
+        out[name] = dataclasses.replace(spec, block_size=block, **(
+            {"page_size_padded": padded} if isinstance(spec, MambaSpec) else {}))  # fmt: skip
+    return out
+
+
+def test_seed_004_both_layouts_at_one_budget(mtp3_as_served):
+    """Both seed 004 figures from vLLM 0.33.0's planner functions at one budget. The automatic
+    layout: vLLM's own grouping of the hybrid-aligned caches (2,304-token blocks, the recurrent
+    page padded to the 1,292,544-byte target page): a 24-layer target group and recurrent groups
+    of 12, 11 and 11. #535's split layout: that same partition with each cache's own 512-token
+    page (#535 'cache grouping preserves the target and recurrent physical page sizes'; the
+    fork's #602 gives its groups by layer count), so every block is strided by 12 recurrent
+    pages. What vLLM 0.33.0 with patch 0002 does instead (it regroups split pages, recurrent
+    layers in pairs) is the next test."""
+    import vllm.v1.core.kv_cache_planning as planning
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_capacity
+    from vllm.v1.kv_cache_interface import KVCacheGroupSpec, UniformTypeKVCacheSpecs
+
+    from tests.planner.seed_shapes import vllm_config as planner_config
+
+    config = planner_config(max_model_len=262_144)
+    at_2304 = runtime_pages(mtp3_as_served, 2304, None)
+    target_page = sum(s.page_size_bytes for n, s in at_2304.items()
+                      if n.startswith("model.layers.3.self_attn."))  # fmt: skip
+    assert target_page == 1_292_544
+    auto = planning.get_kv_cache_groups(config, runtime_pages(mtp3_as_served, 2304, target_page))
+    assert sorted(len(g.layer_names) for g in auto) == [11, 11, 12, 24]
+    split_specs = runtime_pages(mtp3_as_served, 512, None)
+    split = [KVCacheGroupSpec(g.layer_names, UniformTypeKVCacheSpecs.from_specs(
+        {n: split_specs[n] for n in g.layer_names})) for g in auto]  # fmt: skip
+    for name, groups in (("automatic", auto), ("split", split)):
+        kv = planning.get_kv_cache_config_from_groups(config, groups, SEED_004_BUDGET)
+        tokens, concurrency = get_kv_cache_capacity(config, kv)
+        assert (tokens, round(concurrency, 2)) == SEED_004[name], name
+    ratio = SEED_004["automatic"][0] / SEED_004["split"][0]
+    assert round(ratio, 2) == 3.49
+
+
+def test_patch_0002_regroups_the_split_pages(mtp3_as_served, split_512):
+    """The term that differs between the kit's image and the qualified runtime: on the same
+    caches and budget, vLLM 0.33.0 with patch 0002 groups the split pages itself (the recurrent
+    layers in pairs, the stride 12 target pages), so the split layout keeps about as many
+    tokens as the automatic one instead of seed 004's 3.49 times fewer."""
+    from tests.planner.seed_shapes import vllm_config as planner_config
+
+    config = planner_config(max_model_len=262_144)
+    kit = plan(config, runtime_pages(mtp3_as_served, 512, None), SEED_004_BUDGET)
+    recurrent = [len(g.layer_names) for g in kit.groups
+                 if all(n.endswith(".self_attn") for n in g.layer_names)]  # fmt: skip
+    assert sum(recurrent) == 34 and max(recurrent) <= 3
+    assert kit.stride == 12 * 287_232  # the 24-cache target group is now the widest
+    assert kit.tokens > 3 * SEED_004["split"][0]
