@@ -216,14 +216,6 @@ def largest_fitting(fits: Callable[[int], bool], limit: int) -> int:
     return lo
 
 
-def with_len(config: Any, max_model_len: int) -> Any:
-    import copy
-
-    changed = copy.deepcopy(config)
-    changed.model_config.max_model_len = max_model_len
-    return changed
-
-
 def answer(question: Question) -> dict[str, Any]:
     os.environ.update(question.env)
     import kvgeometry
@@ -262,24 +254,23 @@ def answer(question: Question) -> dict[str, Any]:
 
 
 def smallest_budget_for(config: Any, specs: dict[str, Any], count: int, length: int,
-                  budgets: tuple[int, ...]) -> dict[str, Any]:  # fmt: skip
+                        budgets: tuple[int, ...]) -> dict[str, Any]:  # fmt: skip
     """The smallest budget holding `count` concurrent requests of `length` tokens, planned."""
-    sized = with_len(config, length)
 
     def holds(budget: int) -> bool:
-        plan = engine_plan(sized, specs, budget)
+        plan = engine_plan(config, specs, budget, length)
         return isinstance(plan, EnginePlan) and plan.max_concurrency >= count
 
     need = smallest_budget(holds, max(budgets, default=1 << 30))
     return {"requests": count, "tokens": length,
-            "smallest_budget": engine_plan(sized, specs, need).to_json()}  # fmt: skip
+            "smallest_budget": engine_plan(config, specs, need, length).to_json()}  # fmt: skip
 
 
 def largest_context_for(config: Any, specs: dict[str, Any], budget: int, count: int = 1) -> int:
     """The largest max_model_len at which `budget` holds `count` concurrent requests."""
 
     def holds(length: int) -> bool:
-        plan = engine_plan(with_len(config, length), specs, budget)
+        plan = engine_plan(config, specs, budget, length)
         return not isinstance(plan, Refused) and plan.max_concurrency >= count
 
     return largest_fitting(holds, 1 << 26)

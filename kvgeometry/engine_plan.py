@@ -116,10 +116,10 @@ def _forget_once_lines() -> None:
 
 
 @contextlib.contextmanager
-def vllm_lines() -> Iterator[list[str]]:
-    """Every message vLLM's loggers emit at INFO and above inside the block, once-only lines
-    included as a fresh start prints them."""
-    logger = logging.getLogger("vllm")
+def vllm_lines(logger_name: str = "vllm") -> Iterator[list[str]]:
+    """Every message vLLM's logger `logger_name` (and those below it) emits at INFO and above
+    inside the block, once-only lines included as a fresh start prints them."""
+    logger = logging.getLogger(logger_name)
     lines: list[str] = []
     handler = logging.Handler(logging.INFO)
     handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
@@ -135,12 +135,16 @@ def vllm_lines() -> Iterator[list[str]]:
         logger.setLevel(level)
 
 
-def engine_plan(config: Any, specs: dict[str, Any], budget: int) -> EnginePlan | Refused:
+def engine_plan(config: Any, specs: dict[str, Any], budget: int,
+                max_model_len: int | None = None) -> EnginePlan | Refused:  # fmt: skip
     """`EngineCore._initialize_kv_caches` of this vLLM on `specs` with `budget` bytes for the
-    cache (on a copy of `config`: the engine core writes into it)."""
+    cache, at `max_model_len` when given (on a copy of `config`: the engine core writes into
+    it)."""
     from vllm.v1.engine.core import EngineCore
 
     config = copy.deepcopy(config)
+    if max_model_len is not None:
+        config.model_config.max_model_len = max_model_len
     executor = _Executor(config, specs, budget)
     core = SimpleNamespace(model_executor=executor, available_gpu_memory_for_kv_cache=-1,
                            collective_rpc=executor.collective_rpc)  # fmt: skip

@@ -149,20 +149,19 @@ def latent_spec(config, text, latent: str, backend_name: str = SM120_SPARSE_MLA)
     return customize_attention_spec(backend, MLAAttention.get_kv_cache_spec(layer, config))
 
 
-def gpu_kda_backend(kda, layer, requested: str) -> str:
+def gpu_kda_backend(kda, layer, requested: str, dtype) -> str:
     """The KDA prefill backend an SM120 GPU resolves `requested` to: vLLM's own
     `_resolve_kda_prefill_backend`, asked with a stand-in for the CUDA platform (capability
-    12.0), since the CPU platform answers for itself; the layer's head size, dtype and gate
-    bound are the real ones."""
+    12.0), since the CPU platform answers for itself; the layer's head size and gate bound and
+    the model's dtype are the real ones."""
     from unittest import mock
 
-    import torch
     from vllm.platforms.interface import DeviceCapability
 
     sm120 = SimpleNamespace(is_cuda=lambda: True,
                             get_device_capability=lambda: DeviceCapability(12, 0))  # fmt: skip
     with mock.patch.object(kda, "current_platform", sm120):
-        return str(kda._resolve_kda_prefill_backend(requested, layer.head_dim, torch.bfloat16,
+        return str(kda._resolve_kda_prefill_backend(requested, layer.head_dim, dtype,
                                                     layer.kda_lower_bound))  # fmt: skip
 
 
@@ -201,7 +200,8 @@ def build_rank(shape: Shape, rank: int, port: int) -> dict[str, dict]:
         gdn = kda.Glm5NextLinearAttention(config=text, vllm_config=config,
                                           prefix=f"model.layers.{gdn_at}.self_attn")  # fmt: skip
         # built on the CPU (FlashKDA's kernels are CUDA-only); its spec as the GPU server's
-        gdn.kda_prefill_backend = gpu_kda_backend(kda, gdn, shape.kda_prefill_backend)
+        gdn.kda_prefill_backend = gpu_kda_backend(kda, gdn, shape.kda_prefill_backend,
+                                                  config.model_config.dtype)
         built = get_kv_cache_spec(config)
         latents = {kind: latent_spec(config, text, kind, shape.attention_backend)
                    for kind in ("vllm", "runtime")}  # fmt: skip

@@ -125,8 +125,8 @@ def ask_image(image: str, question: Question) -> tuple[dict[str, Any] | None, st
 
     client = connect("start the Docker engine; `make capacity` runs the profile's image")
     volumes = {str(KIT_ROOT / m): {"bind": f"/opt/kit/{m}", "mode": "ro"} for m in KIT_PACKAGES}
-    env = {**question.env, "PYTHONPATH": "/opt/kit", "VLLM_TARGET_DEVICE": "cpu",
-           "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}  # fmt: skip
+    env = {"PYTHONPATH": "/opt/kit", "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1",
+           "CUDA_VISIBLE_DEVICES": ""}  # the question's own environment: kvgeometry.capacity.answer
     container = client.containers.run(
         image, [json.dumps(question.to_json())], entrypoint=["python3", "-m",
         "kvgeometry.capacity"], environment=env, volumes=volumes, network_mode="none",

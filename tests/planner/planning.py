@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import logging
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import vllm.v1.core.kv_cache_planning as planning
@@ -13,23 +10,6 @@ from vllm.v1.core.kv_cache_utils import get_kv_cache_capacity, resolve_kv_cache_
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, KVCacheSpec
 
 from tests.planner.seed_shapes import TWELVE_GIB
-
-
-@contextlib.contextmanager
-def info_lines(logger_name: str) -> Iterator[list[str]]:
-    """The messages vLLM's logger `logger_name` emits at INFO and above inside the block."""
-    logger = logging.getLogger(logger_name)
-    lines: list[str] = []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        yield lines
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
 
 
 @dataclass(frozen=True)

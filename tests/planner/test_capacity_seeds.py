@@ -28,8 +28,8 @@ def dflash_config():
     return config
 
 
-def engine(config, specs, budget) -> EnginePlan:
-    result = engine_plan(config, specs, budget)
+def engine(config, specs, budget, max_model_len=None) -> EnginePlan:
+    result = engine_plan(config, specs, budget, max_model_len)
     assert isinstance(result, EnginePlan), result
     return result
 
@@ -93,10 +93,8 @@ def test_the_inverse_answers_are_tight(real_specs, split_512):
     less = engine_plan(config, specs, need["budget_bytes"] - 1)
     assert isinstance(less, Refused) or less.max_concurrency < 4
     longest = largest_context_for(config, specs, TWELVE_GIB)
-    from kvgeometry.capacity import with_len
-
-    assert engine(with_len(config, longest), specs, TWELVE_GIB).max_concurrency >= 1
-    more = engine_plan(with_len(config, longest + 1), specs, TWELVE_GIB)
+    assert engine(config, specs, TWELVE_GIB, longest).max_concurrency >= 1
+    more = engine_plan(config, specs, TWELVE_GIB, longest + 1)
     assert isinstance(more, Refused) or more.max_concurrency < 1
 
 

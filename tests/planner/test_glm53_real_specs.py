@@ -12,12 +12,13 @@ from vllm.utils.math_utils import cdiv, next_power_of_2
 from vllm.v1.attention.backend import MultipleOf
 from vllm.v1.kv_cache_interface import CircularBufferSpec, MambaSpec, MLAAttentionSpec
 
+from kvgeometry.engine_plan import vllm_lines
 from kvgeometry.glm53_specs import INDEX_KPOOL, RUNTIME_LATENT_BYTES
 from kvgeometry.report import format_geometry
 from launch.loader import load
 from smoke.log_checks import log_checks
 from smoke.logparse import parse_lines
-from tests.planner.planning import info_lines, plan
+from tests.planner.planning import plan
 from tests.planner.seed_shapes import TWELVE_GIB, vllm_config
 
 C4_UNIT = 64 * 132
@@ -148,7 +149,7 @@ def test_grouping_logs_the_runtimes_second_split_line(real_specs, split_512):
     import vllm.v1.core.kv_cache_planning as planning
 
     specs = real_specs["mtp3"]["vllm"]
-    with info_lines("vllm.v1.core.kv_cache_planning") as lines:
+    with vllm_lines("vllm.v1.core.kv_cache_planning") as lines:
         planning.get_kv_cache_groups_from_builder(
             planning.DefaultKVCacheConfigBuilder(), vllm_config(max_model_len=262_144), specs
         )
@@ -183,7 +184,7 @@ def test_the_plugin_reports_each_glm_profile_from_the_engine_cores_call(
     want = plan(config, specs)
     monkeypatch.setattr(core, "get_kv_cache_configs", core.get_kv_cache_configs)
     kvgeometry.register()
-    with info_lines("vllm.kvgeometry") as lines:
+    with vllm_lines("vllm.kvgeometry") as lines:
         groups = get_global_kv_cache_groups(config, [specs])
         configs = core.get_kv_cache_configs(config, [specs], [TWELVE_GIB], groups)
     assert len(lines) == 1

@@ -11,9 +11,10 @@ import pytest
 from vllm.platforms.interface import Platform, glm53_split_block_sizes
 from vllm.v1.attention.backends.mla.flashmla_sparse import FlashMLASparseBackend
 
+from kvgeometry.engine_plan import vllm_lines
 from smoke.log_facts import SplitPageFacts
 from smoke.logparse import parse_lines
-from tests.planner.planning import info_lines, plan
+from tests.planner.planning import plan
 from tests.planner.seed_shapes import mla, mtp_split_seed, recurrent, vllm_config
 
 TARGET = "VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE"
@@ -126,7 +127,7 @@ def test_recurrent_block_defaults_to_the_target_block(monkeypatch):
 
 def align(config) -> list[str]:
     """vLLM's hybrid alignment with vLLM's FlashMLA sparse backend; the lines it logs."""
-    with info_lines("vllm.platforms.interface") as lines:
+    with vllm_lines("vllm.platforms.interface") as lines:
         Platform._align_hybrid_block_size(config, FlashMLASparseBackend)
     return lines
 
