@@ -136,7 +136,8 @@ def ask_image(image: str, question: Question) -> tuple[dict[str, Any] | None, st
         out = container.logs(stdout=True, stderr=True).decode(errors="replace")
         stdout = container.logs(stdout=True, stderr=False).decode(errors="replace")
     finally:
-        container.remove(force=True)
+        # with its anonymous volumes: the kit's images declare /cache and /hf
+        container.remove(force=True, v=True)
     return read_answer(stdout), out
 
 

@@ -58,8 +58,16 @@ def engine_agrees(run: Run, plan: dict) -> None:
         raise StepFailed(f"prediction != engine (predicted, started): {wrong}")
 
 
+def volume_names(run: Run) -> set[str]:
+    return set(run.sh(["docker", "volume", "ls", "--quiet"]).stdout.split())
+
+
 def predicted_as_started(run: Run) -> str:
+    before = volume_names(run)
     answer, cold, _ = predict(run, "--no-cache")
+    left = volume_names(run) - before
+    if left:  # the image declares /cache and /hf: the container's anonymous volumes
+        raise StepFailed(f"make capacity left {len(left)} volume(s) behind: {sorted(left)}")
     plan = answer["plans"][0]
     engine_agrees(run, plan)
     again, warm, _ = predict(run)
