@@ -1,4 +1,4 @@
-# The kit's entry points. `make test` builds its own CPU test environment (vLLM 0.33.0 on torch
+# The kit's entry points. `make test` builds its own CPU test environment (vLLM 0.34.0 on torch
 # 2.13.0 CPU) once and reuses it; the pip cache keeps a second build from downloading again.
 
 PYTHON ?= python3
@@ -9,7 +9,7 @@ TEST_STAMP := $(TEST_VENV)/.kit-test-env
 KIT_VENV := .venv-kit
 KIT_PY := $(KIT_VENV)/bin/python
 KIT_STAMP := $(KIT_VENV)/.kit-env
-CPU_ENV := VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1
+CPU_ENV := VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 CUDA_VISIBLE_DEVICES=
 PRISTINE_VLLM = $(shell $(TEST_PY) -c 'import importlib.util as u; print(u.find_spec("vllm").submodule_search_locations[0])')
 PATCHED := $(TEST_VENV)/vllm-patched
 
@@ -38,10 +38,11 @@ $(TEST_STAMP): tests/env/requirements-cpu.txt pyproject.toml Makefile
 	$(PYTHON) -m venv $(TEST_VENV)
 	$(TEST_PY) -m pip install --quiet --upgrade pip
 	$(TEST_PY) -m pip install --quiet torch==2.13.0
-	$(TEST_PY) -m pip install --quiet --no-deps vllm==0.33.0
+	$(TEST_PY) -m pip install --quiet --no-deps vllm==0.34.0
 	$(TEST_PY) -m pip install --quiet -r tests/env/requirements-cpu.txt
 	$(TEST_PY) -m pip install --quiet --no-deps -e .
 	$(TEST_PY) -m pip download --quiet --no-deps lmcache==0.5.6 -d $(TEST_VENV)/wheels
+	$(TEST_PY) -m pip download --quiet --no-deps vllm==0.33.0 -d $(TEST_VENV)/wheels
 	touch $@
 
 $(KIT_STAMP): pyproject.toml
@@ -139,14 +140,16 @@ smoke: $(KIT_STAMP)
 	$(KIT_PY) -m smoke check --profile $(PROFILE) $(if $(URL),--url $(URL)) $(if $(LOG),--log $(LOG)) $(SMOKE_ARGS)
 
 # docker/requirements*.lock: every Python package of each engine's image, hash-locked (pip
-# --require-hashes); the CUDA lock is then audited against its wheels (docker/lock_audit.py: no
+# --require-hashes; docker/requirements-overrides.txt says which pins are replaced and why); the CUDA
+# lock is then audited against its wheels (docker/lock_audit.py: no
 # path installed by two distributions, nvcc of torch's CUDA version). The CPU lock needs
 # TORCH_CPU_FIND_LINKS: a directory or index page holding torch-2.13.0+cpu for CPython 3.11,
 # which PyPI does not serve.
 TORCH_CPU_FIND_LINKS ?=
 lock: $(TEST_STAMP)
 	@test -n "$(TORCH_CPU_FIND_LINKS)" || { echo "make lock: TORCH_CPU_FIND_LINKS is empty; set it to a directory or page with torch-2.13.0+cpu for CPython 3.11 (PyPI does not serve it), e.g. make lock TORCH_CPU_FIND_LINKS=/path/to/wheels"; exit 2; }
-	$(TEST_VENV)/bin/uv pip compile docker/requirements.in --generate-hashes --python-version 3.13 \
+	$(TEST_VENV)/bin/uv pip compile docker/requirements.in --override docker/requirements-overrides.txt \
+		--generate-hashes --python-version 3.13 \
 		--python-platform x86_64-manylinux_2_28 --no-header --output-file docker/requirements.lock
 	$(TEST_PY) docker/lock_audit.py docker/requirements.lock
 	$(TEST_VENV)/bin/uv pip compile docker/requirements-cpu.in --generate-hashes \

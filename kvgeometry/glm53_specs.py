@@ -55,6 +55,13 @@ SM120_SPARSE_MLA = "FLASHINFER_MLA_SPARSE_SM120"
 """vLLM 0.33.0's sparse-MLA backend on SM120 (`platforms/cuda.py`: TRITON_MLA, which has no
 sparse support, then this one)."""
 RUNTIME_LATENT_BYTES = 528
+"""The qualified runtime's FP8 MLA latent row per token: 512 FP8 bytes and 16 scale bytes (seed
+004's 287,232-byte target page at 512 tokens less the indexer's 16,896), for GLM-5.3's
+`kv_lora_rank` 512 and `qk_rope_head_dim` 0 (`MLA_SHAPE`). vLLM 0.34.0's SM120 sparse-MLA
+backend stores the same row (`get_fp8_ds_mla_row_bytes`); 0.33.0's stored 656."""
+MLA_SHAPE = (512, 0)
+"""GLM-5.3's (`kv_lora_rank`, `qk_rope_head_dim`): transformers' `Glm5NextTextConfig` defaults,
+which `text_config` builds on (a test compares the two)."""
 MTP_LAYERS = 1
 """GLM-5.3-Flash's `num_nextn_predict_layers` (45 layers + 1 MTP in zai-org/GLM-5.3-Flash's
 config; transformers' Glm5NextTextConfig has no such field)."""

@@ -19,11 +19,12 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kvgeometry.glm53_specs import MLA_SHAPE, RUNTIME_LATENT_BYTES
 from launch.deviations import expect_key
 from launch.errors import UsageError
 from launch.feature_env import FEATURE_ENV, SPLIT_ENV, feature_env, split_env
 from launch.kv_offload import OFF
-from launch.profile import Profile
+from launch.profile import GLM53_ARCHITECTURE, Profile
 from launch.vllm_install import VllmInstall
 
 
@@ -42,6 +43,9 @@ class Requirement:
     """Expectations (Expect's field names) that do not hold without the knob."""
     explain: Callable[[VllmInstall], str | None] | None = None
     """What exactly is missing on this install, when more than `needs` can say."""
+    keeps: Callable[[VllmInstall], tuple[str, ...]] | None = None
+    """Of `expect_dropped`, those that still hold on this install without the knob (what vLLM
+    does in its place gives the same figures)."""
 
     def __post_init__(self) -> None:
         for key in self.expect_dropped:
@@ -105,6 +109,28 @@ def _split_pages(p: Profile) -> list[Requirement]:
     )]  # fmt: skip
 
 
+def _same_latent(p: Profile) -> Callable[[VllmInstall], tuple[str, ...]]:
+    """The page and capacity figures, kept where the backend vLLM picks in place of the
+    profile's stores GLM-5.3's latent in the qualified runtime's row (vLLM 0.34.0's SM120
+    sparse-MLA backend): the pages, and so the capacity, are the same."""
+
+    def keeps(v: VllmInstall) -> tuple[str, ...]:
+        if p.architecture != GLM53_ARCHITECTURE or p.engine.kv_cache_dtype not in FP8_LATENT:
+            return ()
+        if v.sm120_sparse_mla_row_bytes(*MLA_SHAPE) != RUNTIME_LATENT_BYTES:
+            return ()
+        return LATENT_FIGURES
+
+    return keeps
+
+
+LATENT_FIGURES = ("page_bytes", "kv_cache_tokens", "kv_cache_tokens_min", "kv_blocks",
+                  "max_concurrency_min")  # fmt: skip
+"""The expectations the MLA latent's row size moves: pages, and the capacity they give."""
+FP8_LATENT = frozenset({None, "auto", "fp8", "fp8_e4m3", "fp8_ds_mla"})
+"""KV cache dtypes a GLM-5.3 start stores as the FP8 DS-MLA latent (profile default: unset)."""
+
+
 def _attention_backends(p: Profile) -> list[Requirement]:
     reqs = []
     target, spec = p.engine.attention_backend, p.engine.speculative_config
@@ -116,8 +142,7 @@ def _attention_backends(p: Profile) -> list[Requirement]:
             met=lambda v: target in v.attention_backends,
             drop=lambda q: _replace(q, attention_backend=None),
             # the backend owns the MLA latent's format, so pages and capacity move with it
-            expect_dropped=("backends", "page_bytes", "kv_cache_tokens", "kv_cache_tokens_min",
-                            "kv_blocks", "max_concurrency_min"),
+            expect_dropped=("backends", *LATENT_FIGURES), keeps=_same_latent(p),
         ))  # fmt: skip
     if spec is not None and spec.attention_backend is not None:
         draft = spec.attention_backend
@@ -306,4 +331,12 @@ def resolve(p: Profile, install: VllmInstall | None) -> Resolution:
         )
     for req in missing:
         p = req.drop(p)
-    return Resolution(p, where, tuple(missing), install.unregistered(feature_env(p.features)))
+    fallbacks = tuple(_narrowed(req, install) for req in missing)
+    return Resolution(p, where, fallbacks, install.unregistered(feature_env(p.features)))
+
+
+def _narrowed(req: Requirement, install: VllmInstall) -> Requirement:
+    """`req` dropping only the expectations that do not hold on `install` without it."""
+    kept = req.keeps(install) if req.keeps else ()
+    return dataclasses.replace(req, expect_dropped=tuple(
+        k for k in req.expect_dropped if k not in kept)) if kept else req  # fmt: skip

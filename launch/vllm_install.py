@@ -22,14 +22,30 @@ _REGISTRY = Path("v1/attention/backends/registry.py")
 LMCACHE_CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.lmcache_mp_connector"
 """The module vLLM loads for --kv-offloading-backend lmcache (LMCacheMPConnector)."""
 _TORCH_REQ = re.compile(r"^torch\s*(?P<spec>[=<>!~][^;]*)?(?:;.*)?$")
-# vLLM 0.33.0's draft cache under DCP: the model runner keeps a draft's cache replicated only when
-# the speculator's DCP size is 1, and the speculator takes the target's DCP size.
+# A draft's cache under DCP. vLLM 0.33.0: the model runner keeps a draft's cache replicated only
+# when the speculator's DCP size is 1, and the speculator takes the target's DCP size, so a DFlash
+# draft is sharded. vLLM 0.34.0 keeps that runner rule but gives the speculator the draft's own
+# DCP size (`speculative_config.draft_decode_context_parallel_size`), which DFlash's speculator
+# config defaults to 1 for a windowed draft ("Only full-attention MLA drafts shard their cache").
 _RUNNER = Path("v1/worker/gpu/model_runner.py")
 _SPECULATOR = Path("v1/worker/gpu/spec_decode/speculator.py")
+_DFLASH_CONFIG = Path("v1/worker/gpu/spec_decode/dflash/config.py")
 _REPLICATES_ONLY_AT_DCP1 = "self.speculator.dcp_size == 1"
 _SPECULATOR_TAKES_TARGET_DCP = (
     "self.dcp_size = vllm_config.parallel_config.decode_context_parallel_size"
 )
+_SPECULATOR_TAKES_DRAFT_DCP = "speculative_config.draft_decode_context_parallel_size"
+_SM120_SPARSE_MLA = Path("v1/attention/backends/mla/flashinfer_mla_sparse_sm120.py")
+_ROW_BYTES = re.compile(
+    r"def get_fp8_ds_mla_row_bytes\(self\) -> int:\s*if self\.kv_lora_rank == (?P<rank>\d+) and "
+    r"self\.qk_rope_head_dim == (?P<rope>\d+):\s*return (?P<bytes>\d+)"
+)
+"""vLLM 0.34.0's SM120 sparse-MLA backend (the one vLLM picks on an RTX PRO 6000 when no backend
+is named) stores a latent row of its own size for one MLA shape: GLM-5.3's (rank 512, no RoPE)."""
+_DFLASH_DRAFT_DCP_DEFAULT = re.compile(
+    r"def default_draft_decode_context_parallel_size\(.*?(?=\n    (?:@|def )|\Z)", re.S
+)
+
 
 @dataclass(frozen=True)
 class VllmInstall:
@@ -127,20 +143,31 @@ class VllmInstall:
 
     @cached_property
     def draft_replication_problem(self) -> str | None:
-        """Why a draft's KV cache cannot stay DCP-replicated under DCP > 1 on this vLLM, when
-        its source shows it (vLLM 0.33.0: the runner replicates a draft only when the
+        """Why a DFlash draft's KV cache cannot stay DCP-replicated under DCP > 1 on this vLLM,
+        when its source shows it (vLLM 0.33.0: the runner replicates a draft only when the
         speculator's DCP size is 1, and the speculator takes the target's); None when the source
-        does not show that (a build that replicates drafts, such as the qualified runtime)."""
-        runner, speculator = self.root / _RUNNER, self.root / _SPECULATOR
-        if not (runner.is_file() and speculator.is_file()):
+        shows the draft keeping a DCP of its own that DFlash defaults to 1 for a windowed draft
+        (vLLM 0.34.0), or does not show the 0.33.0 rule (the qualified runtime)."""
+        runner, speculator = self._read(_RUNNER), self._read(_SPECULATOR)
+        if not (runner and speculator) or _REPLICATES_ONLY_AT_DCP1 not in runner:
             return None
-        if _REPLICATES_ONLY_AT_DCP1 in runner.read_text(encoding="utf-8") and (
-            _SPECULATOR_TAKES_TARGET_DCP in speculator.read_text(encoding="utf-8")
-        ):
+        default = _DFLASH_DRAFT_DCP_DEFAULT.search(self._read(_DFLASH_CONFIG))
+        if _SPECULATOR_TAKES_DRAFT_DCP in speculator and default and "return 1" in default[0]:
+            return None
+        if _SPECULATOR_TAKES_TARGET_DCP in speculator:
             return (
                 f"{_RUNNER} replicates a draft's cache only when the speculator's DCP size is 1 "
                 f"and {_SPECULATOR} takes the target's DCP size, so the draft is DCP-sharded"
             )
+        return None
+
+    def sm120_sparse_mla_row_bytes(self, kv_lora_rank: int, qk_rope_head_dim: int) -> int | None:
+        """The FP8 latent row in bytes per token that vLLM's own SM120 sparse-MLA backend stores
+        for this MLA shape, when its source states one (vLLM 0.34.0: 528 for GLM-5.3); None
+        when it keeps vLLM's general DS-MLA format (0.33.0: 656)."""
+        for match in _ROW_BYTES.finditer(self._read(_SM120_SPARSE_MLA)):
+            if (int(match["rank"]), int(match["rope"])) == (kv_lora_rank, qk_rope_head_dim):
+                return int(match["bytes"])
         return None
 
     def distribution(self, name: str) -> importlib.metadata.Distribution | None:

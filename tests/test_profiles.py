@@ -15,6 +15,7 @@ from launch.loader import load, profile_names
 from launch.overrides import ENV_OVERRIDES, from_environment, settable_paths
 from launch.plan import assemble
 from launch.vllm_install import find_vllm
+from launch.vllm_vocab import VLLM_VERSION
 from tests.conftest import plan_of
 
 REPO = Path(__file__).resolve().parents[1]
@@ -228,7 +229,7 @@ def test_fork_tree_meets_every_requirement(fork_vllm_tree):
         loaded = load(name)
         res = resolve(loaded.profile, find_vllm(fork_vllm_tree))
         assert res.qualified and res.profile == loaded.profile
-        assert assemble(loaded, res).checked_against == f"vLLM 0.33.0 at {fork_vllm_tree}"
+        assert assemble(loaded, res).checked_against == f"vLLM {VLLM_VERSION} at {fork_vllm_tree}"
 
 
 @pytest.mark.parametrize("name", ["dflash-tp4-dcp4", "mtp3-tp4-split"])

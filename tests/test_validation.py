@@ -15,6 +15,7 @@ import pytest
 
 from launch.compose_env import ENV_FILE_VAR
 from launch.image_lock import LOCK_VAR
+from launch.vllm_vocab import VLLM_VERSION
 from tests.conftest import REPO, SECRET_FILE_VARS
 
 BAD_INPUTS = [
@@ -191,7 +192,7 @@ def test_missing_capability_refuses_unless_fallback_named(tmp_path):
     from launch.vllm_install import find_vllm
 
     install = find_vllm()
-    assert install is not None and install.version == "0.33.0"
+    assert install is not None and install.version == VLLM_VERSION
     upstream = install.root
     dcp1 = {"DCP": "1", "CP_KV_CACHE_INTERLEAVE_SIZE": "1"}
     refused = run_launch(tmp_path, ["run", "dflash-tp4-dcp4", "--vllm-root", str(upstream)], dcp1)

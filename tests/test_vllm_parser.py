@@ -1,4 +1,4 @@
-"""Rendered commands parse with vLLM 0.33.0's own `vllm serve` parser, installed CPU-only.
+"""Rendered commands parse with vLLM 0.34.0's own `vllm serve` parser, installed CPU-only.
 
 Not a copied flag list: the argv goes through `make_arg_parser`, the parsed values are compared
 with the profile, and the nested JSON configs are checked against vLLM's config classes.
@@ -22,6 +22,7 @@ from launch.vllm_vocab import (
     KV_CACHE_DTYPES,
     KV_OFFLOADING_BACKENDS,
     MAMBA_CACHE_MODES,
+    VLLM_VERSION,
 )
 from tests.conftest import plan_of
 
@@ -136,9 +137,9 @@ def test_validator_vocabulary_matches_installed_vllm():
     assert _flatten_literal(SpeculativeMethod) >= GLM53_SPEC_METHODS
 
 
-def test_capability_detection_on_upstream_vllm_0_33_0():
+def test_capability_detection_on_upstream_vllm():
     install = find_vllm()
-    assert install is not None and install.version == "0.33.0"
+    assert install is not None and install.version == VLLM_VERSION
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
     assert install.attention_backends == {m.name for m in AttentionBackendEnum}

@@ -1,0 +1,171 @@
+"""Where upstream vLLM differs from the runtime the seeds qualified, as the launcher reads it in
+the installed source: vLLM 0.34.0 (the kit's base) and 0.33.0 (its previous base, read from its
+own wheel, which `make test` downloads into .venv/wheels).
+
+The draft: vLLM 0.33.0 keeps a draft's cache replicated only when the speculator's DCP size is 1,
+and the speculator takes the target's DCP size; a DFlash draft's sliding-window layers then stop
+the start at vLLM's own assertion after the weights load, so `launch run dflash-tp4-dcp4`
+refuses on it before anything starts, whatever FALLBACKS says. vLLM 0.34.0 gives the speculator
+the draft's own DCP size, which DFlash defaults to 1 for a windowed draft: the draft stays
+replicated and the profile runs there unqualified, with only the fork's knobs as fallbacks.
+The target's attention backend: without the fork's B12X backend, vLLM picks its SM120 sparse-MLA
+backend, whose latent row is the qualified runtime's 528 bytes in 0.34.0 (pages and capacity
+still checked) and vLLM's general 656-byte format in 0.33.0 (those checks dropped).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from kvgeometry.glm53_specs import MLA_SHAPE, RUNTIME_LATENT_BYTES, text_config
+from launch.capabilities import LATENT_FIGURES, requirements, resolve
+from launch.deviations import NotChecked
+from launch.errors import UsageError
+from launch.loader import load
+from launch.overrides import from_environment
+from launch.plan import assemble
+from launch.vllm_install import VllmInstall, find_vllm
+from launch.vllm_vocab import VLLM_VERSION
+from tests.conftest import REPO
+
+PREVIOUS = "0.33.0"
+DFLASH_FORK_KNOBS = ("b12x_pcie_allreduce", "dcp_ckv_gather", "glm53_kda_decode_backend")
+"""What dflash-tp4-dcp4 uses that only the fork has (seed 000: B12X_PCIE_ALLREDUCE=1,
+DCP_CKV_GATHER=1, the KDA decode selector in additional_config)."""
+
+
+@pytest.fixture(scope="module")
+def pristine() -> VllmInstall:
+    install = find_vllm()
+    assert install is not None and install.version == VLLM_VERSION
+    return install
+
+
+@pytest.fixture(scope="module")
+def previous(tmp_path_factory) -> VllmInstall:
+    """vLLM 0.33.0's Python source, from its PyPI wheel."""
+    wheel = next((REPO / ".venv" / "wheels").glob(f"vllm-{PREVIOUS}-*.whl"), None)
+    assert wheel is not None, f"make test downloads vllm {PREVIOUS}'s wheel into .venv/wheels"
+    root = tmp_path_factory.mktemp("vllm-previous")
+    with zipfile.ZipFile(wheel) as whl:
+        whl.extractall(root, [n for n in whl.namelist()
+                              if n.startswith("vllm/") and n.endswith(".py")])  # fmt: skip
+    return VllmInstall(root / "vllm", PREVIOUS)
+
+
+def every_fallback(name: str) -> str:
+    return ",".join(r.name for r in requirements(load(name).profile))
+
+
+def test_glm53_mla_shape_is_the_configs():
+    text = text_config()
+    assert (text.kv_lora_rank, text.qk_rope_head_dim) == MLA_SHAPE
+
+
+def test_vllm_0_33_shards_the_draft_and_stops_on_a_sliding_window(previous):
+    """What the refusal quotes is in 0.33.0's source."""
+    assert "DCP not support sliding window." in (
+        previous.root / "v1/kv_cache_interface.py"
+    ).read_text(encoding="utf-8")
+    assert previous.draft_replication_problem is not None
+
+
+def test_launch_run_refuses_on_0_33_whatever_fallbacks_say(previous):
+    env = {**os.environ, "FALLBACKS": every_fallback("dflash-tp4-dcp4")}
+    env.pop("DCP", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "launch", "run", "dflash-tp4-dcp4", "--vllm-root",
+         str(previous.root), "--dry-run"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.startswith(
+        "error: engine.speculative_config.method='dflash': the installed vLLM cannot keep the "
+        f"draft replicated under DCP 4 (vLLM {PREVIOUS} at "
+    )
+    assert "'DCP not support sliding window.'" in done.stderr
+    assert "FALLBACKS cannot waive it" in done.stderr
+    assert "vllm serve" not in done.stdout + done.stderr
+
+
+def test_vllm_0_34_keeps_the_dflash_draft_replicated(pristine):
+    """0.34.0's source: the speculator takes the draft's DCP size, DFlash's default is 1 for a
+    windowed draft, and the runner then builds the draft's specs `dcp_sharded=False`."""
+    assert pristine.draft_replication_problem is None
+    dflash = (pristine.root / "v1/worker/gpu/spec_decode/dflash/config.py").read_text()
+    assert "def default_draft_decode_context_parallel_size" in dflash
+
+
+def test_dflash_plans_on_0_34_with_only_the_forks_knobs_as_fallbacks(pristine):
+    """Without FALLBACKS the refusal names exactly the fork's knobs; with them the profile
+    plans, unqualified, and keeps its page-geometry expectations."""
+    with pytest.raises(UsageError) as refused:
+        resolve(load("dflash-tp4-dcp4").profile, pristine)
+    assert "cannot keep the draft replicated" not in str(refused.value)
+    assert f"FALLBACKS={','.join(DFLASH_FORK_KNOBS)} (" in str(refused.value)
+    loaded = load("dflash-tp4-dcp4", from_environment({"FALLBACKS": ",".join(DFLASH_FORK_KNOBS)}))
+    plan = assemble(loaded, resolve(loaded.profile, pristine))
+    assert tuple(r.name for r in resolve(loaded.profile, pristine).fallbacks) == DFLASH_FORK_KNOBS
+    assert plan.profile.expect.kv_blocks == 906
+    assert plan.profile.expect.kv_cache_tokens == 5_974_904
+    assert plan.profile.expect.block_sizes == {"draft": 2304}
+
+
+def test_without_dcp_the_draft_needs_no_replication(previous):
+    sets = {"DCP": "1", "CP_KV_CACHE_INTERLEAVE_SIZE": "1",
+            "FALLBACKS": every_fallback("dflash-tp4-dcp4")}  # fmt: skip
+    loaded = load("dflash-tp4-dcp4", from_environment(sets))
+    assert resolve(loaded.profile, previous).profile.engine.decode_context_parallel_size == 1
+
+
+def backend_fallback_plan(install: VllmInstall):
+    """mtp3-tp4-split on `install` with only the attention backends falling back (pristine vLLM
+    also lacks split pages, whose own fallback drops page checks too)."""
+    fallbacks = {"FALLBACKS": every_fallback("mtp3-tp4-split")}
+    loaded = load("mtp3-tp4-split", from_environment(fallbacks))
+    resolution = resolve(loaded.profile, install)
+    only_backends = dataclasses.replace(resolution, fallbacks=tuple(
+        r for r in resolution.fallbacks if r.name.endswith("attention_backend")))  # fmt: skip
+    return assemble(loaded, only_backends)
+
+
+def test_the_sm120_latent_of_0_34_keeps_page_and_capacity_checks(pristine):
+    """vLLM 0.34.0's SM120 sparse-MLA backend stores GLM-5.3's latent in the runtime's 528-byte
+    row, so the profile's 270,336-byte latent page and seed 004's capacity still hold."""
+    assert pristine.sm120_sparse_mla_row_bytes(*MLA_SHAPE) == RUNTIME_LATENT_BYTES
+    plan = backend_fallback_plan(pristine)
+    assert plan.profile.expect.page_bytes["latent"] == 512 * RUNTIME_LATENT_BYTES
+    assert plan.profile.expect.kv_cache_tokens_min == 1_265_215
+    assert NotChecked("backends", "fallback attention_backend") in plan.deviations
+    assert not [d for d in plan.deviations
+                if isinstance(d, NotChecked) and d.key in LATENT_FIGURES]  # fmt: skip
+
+
+def test_the_latent_of_0_33_drops_page_and_capacity_checks(previous):
+    """vLLM 0.33.0 stores FP8 latents in its general DS-MLA format (656 bytes per token), so seed
+    004's 287,232-byte page cannot hold there."""
+    assert previous.sm120_sparse_mla_row_bytes(*MLA_SHAPE) is None
+    plan = backend_fallback_plan(previous)
+    assert plan.profile.expect.page_bytes is None
+    assert plan.profile.expect.kv_cache_tokens_min is None
+    for field in ("page_bytes", "kv_cache_tokens_min", "max_concurrency_min"):
+        assert NotChecked(field, "fallback attention_backend") in plan.deviations
+
+
+def test_the_row_read_from_the_source_is_the_backends_own():
+    """The row the launcher reads from the source is what the backend class returns."""
+    from types import SimpleNamespace
+
+    from vllm.v1.attention.backends.mla.flashinfer_mla_sparse_sm120 import (
+        FlashInferMLASparseSM120Impl,
+    )
+
+    rank, rope = MLA_SHAPE
+    impl = SimpleNamespace(kv_lora_rank=rank, qk_rope_head_dim=rope)
+    assert FlashInferMLASparseSM120Impl.get_fp8_ds_mla_row_bytes(impl) == RUNTIME_LATENT_BYTES
