@@ -177,7 +177,7 @@ def glm53_specs(argv: tuple[str, ...], env: dict[str, str],
                   kda_prefill_backend=str(getattr(args, "kda_prefill_backend", None)
                                           or "auto"))  # fmt: skip
     with tempfile.TemporaryDirectory() as work:
-        specs = build(shape, Path(work))["vllm"]
+        specs = build(shape, Path(work))
     config = vllm_config(shape, text_config())
     config.speculative_config = None  # the draft's own layers are not built (see glm53_specs)
     config.cache_config.enable_prefix_caching = bool(args.enable_prefix_caching)

@@ -1,4 +1,4 @@
-"""GLM-5.3's KV cache specs as vLLM 0.33.0 builds them, on the CPU: `make capacity`'s and the
+"""GLM-5.3's KV cache specs as vLLM builds them, on the CPU: `make capacity`'s and the
 planner tests' specs (no checkpoint or GPU is needed, only vLLM's layer classes).
 
 One process per tensor-parallel rank joins a gloo world (as vLLM's workers do); each constructs
@@ -19,12 +19,11 @@ Stand-ins, each for something that cannot run here, and nothing else:
 - `model_config` is a namespace holding the checkpoint's text config (vLLM's ModelConfig inspects
   the model class, the same torchvision import);
 - the MLA latent: `MLAAttention` cannot be built here (the CPU platform refuses sparse attention,
-  and vLLM 0.33.0's SM120 sparse-MLA backend needs FlashInfer), so its spec is
+  and the SM120 sparse-MLA backend needs FlashInfer's CUDA kernels), so its spec is
   `MLAAttention.get_kv_cache_spec` on an instance holding what `__init__` sets: the KV dtype as
-  that backend stores it (vLLM's own `_canonicalize_sparse_mla_kv_cache_dtype`). Beside it,
-  under "runtime", the same specs with the qualified runtime's 528-byte latent, HAND-WRITTEN
-  (512 FP8 bytes and 16 scale bytes per token; seed 004's 287,232-byte page less the indexer's
-  16,896), for the cross-checks against the seeds' numbers.
+  that backend stores it (vLLM's own `_canonicalize_sparse_mla_kv_cache_dtype`) and the
+  backend's implementation class, which states the latent row (vLLM 0.34.0's SM120 backend:
+  528 bytes for GLM-5.3, the qualified runtime's format).
 Checkpoint values transformers' defaults lack: `num_nextn_predict_layers` 1 (one MTP layer, built
 with `--mtp-layers` as the drafter adds it), `index_kpool` 4 (GLM-5.3-Flash's; the default is
 16), `mla_use_nope` true (`qk_rope_head_dim` is 0) and `indexer_rope_interleave` false (no RoPE
@@ -32,7 +31,7 @@ dims to interleave); see ../shared/notes/glm53-geometry.md.
 
     python -m kvgeometry.glm53_specs --tp 4 --dcp 1 --spec-tokens 3 --block 512 --out F.pkl
 
-writes {"vllm": specs, "runtime": specs}, each a layer name -> KVCacheSpec mapping.
+pickles rank 0's specs (layer name -> KVCacheSpec) into F.pkl.
 """
 
 from __future__ import annotations
@@ -48,6 +47,7 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 GLM53 = "Glm5NextForConditionalGeneration"
 INDEX_KPOOL = 4
@@ -62,6 +62,13 @@ backend stores the same row (`get_fp8_ds_mla_row_bytes`); 0.33.0's stored 656.""
 MLA_SHAPE = (512, 0)
 """GLM-5.3's (`kv_lora_rank`, `qk_rope_head_dim`): transformers' `Glm5NextTextConfig` defaults,
 which `text_config` builds on (a test compares the two)."""
+KV_LAYOUT = "BLHNC"
+"""The KV cache layout a GLM-5.3 start resolves: the engine core takes the first layout every
+attention backend supports (`get_supported_kv_cache_layouts`), and the tail ring's KPOOL_TAIL
+backend supports BLHNC alone (the qualified runtime logs BLHNC too). Each spec build asks vLLM's
+own resolution on the built layers' backends and refuses another answer (`resolved_layout`)."""
+RANK_TIMEOUT_S = 600
+"""How long a rank process may take to build its layers (seconds; about 15 on two cores)."""
 MTP_LAYERS = 1
 """GLM-5.3-Flash's `num_nextn_predict_layers` (45 layers + 1 MTP in zai-org/GLM-5.3-Flash's
 config; transformers' Glm5NextTextConfig has no such field)."""
@@ -104,7 +111,7 @@ def vllm_config(shape: Shape, text):
     config.cache_config.mamba_block_size = shape.block_size
     config.cache_config.cache_dtype = shape.kv_cache_dtype
     config.cache_config.mamba_cache_mode = "align"
-    config.cache_config.kv_cache_layout = "BLNHC"
+    config.cache_config.kv_cache_layout = KV_LAYOUT
     config.attention_config.sparse_mla_prefill_workspace_factor = 2
     config.speculative_config = SimpleNamespace(num_speculative_tokens=shape.spec_tokens)
     config.model_config = SimpleNamespace(
@@ -129,22 +136,22 @@ def _glm5next_modules():
     return attention, kda
 
 
-def latent_spec(config, text, latent: str, backend_name: str = SM120_SPARSE_MLA):
-    """The MLA latent's spec (see the module docstring for why it is not a built layer)."""
-    import torch
+def latent_spec(config, text, backend_name: str = SM120_SPARSE_MLA):
+    """The MLA latent's spec (see the module docstring for why it is not a built layer): the
+    layer's own `get_kv_cache_spec`, which asks its backend implementation for the latent row
+    (vLLM 0.34.0's SM120 backend: the runtime's 528 bytes for GLM-5.3's shape)."""
     from vllm.model_executor.layers.attention.mla_attention import (
         MLAAttention,
         _canonicalize_sparse_mla_kv_cache_dtype,
     )
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
-    from vllm.v1.kv_cache_interface import MLAAttentionSpec
     from vllm.v1.worker.utils import customize_attention_spec
 
-    if latent == "runtime":
-        return MLAAttentionSpec(block_size=config.cache_config.block_size, num_kv_heads=1,
-                                head_size=RUNTIME_LATENT_BYTES, dtype=torch.uint8)  # fmt: skip
     backend = AttentionBackendEnum[backend_name].get_class()
+    impl = backend.get_impl_cls().__new__(backend.get_impl_cls())
+    impl.kv_lora_rank, impl.qk_rope_head_dim = text.kv_lora_rank, text.qk_rope_head_dim
     layer = MLAAttention.__new__(MLAAttention)
+    layer.impl = impl
     layer.kv_cache_dtype = _canonicalize_sparse_mla_kv_cache_dtype(
         backend, config.cache_config.cache_dtype
     )
@@ -154,6 +161,34 @@ def latent_spec(config, text, latent: str, backend_name: str = SM120_SPARSE_MLA)
     layer.indexer = True
     layer.non_causal_multi_token_decode = False
     return customize_attention_spec(backend, MLAAttention.get_kv_cache_spec(layer, config))
+
+
+def runtime_latent(specs: dict[str, Any]) -> dict[str, Any]:
+    """STAND-IN for the qualified runtime's target, whose B12X sparse-MLA backend is not in
+    upstream vLLM: the same specs, the latent's 528-byte rows kept, without the 64-row block
+    stride alignment vLLM's SM120 backend asks for (FlashInfer reads the cache as 64-row pages,
+    `align_blocks_to_rows`). Seed 000's 906 blocks at 12 GiB bound the runtime's pool stride to
+    at most 12,884,901,888 / 906 bytes, which the 64-row alignment (33,792 bytes) overshoots."""
+    import dataclasses
+
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+    return {name: dataclasses.replace(spec, block_stride_alignment=None)
+            if name.endswith(".mla_attn") and isinstance(spec, MLAAttentionSpec) else spec
+            for name, spec in specs.items()}  # fmt: skip
+
+
+def resolved_layout(config, latent_backend: str) -> str | None:
+    """The layout the engine core would pick for the layers built in `config` and the latent's
+    backend: the first of vLLM's `get_supported_kv_cache_layouts` over their backends."""
+    from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts
+
+    backends = [*get_current_attn_backends(config),
+                AttentionBackendEnum[latent_backend].get_class()]  # fmt: skip
+    layouts = get_supported_kv_cache_layouts(backends)
+    return layouts[0].name if layouts else None
 
 
 def gpu_kda_backend(kda, layer, requested: str, dtype) -> str:
@@ -178,9 +213,8 @@ def mtp_prefix(text, index: int) -> str:
     return f"model.layers.{text.num_hidden_layers + index}.mtp_block"
 
 
-def build_rank(shape: Shape, rank: int, port: int) -> dict[str, dict]:
-    """This rank's specs for the whole model (one layer of each kind built, then named), with
-    vLLM's latent and with the runtime's."""
+def build_rank(shape: Shape, rank: int, port: int) -> dict[str, Any]:
+    """This rank's specs for the whole model (one layer of each kind built, then named)."""
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
@@ -210,30 +244,31 @@ def build_rank(shape: Shape, rank: int, port: int) -> dict[str, dict]:
         gdn.kda_prefill_backend = gpu_kda_backend(kda, gdn, shape.kda_prefill_backend,
                                                   config.model_config.dtype)
         built = get_kv_cache_spec(config)
-        latents = {kind: latent_spec(config, text, kind, shape.attention_backend)
-                   for kind in ("vllm", "runtime")}  # fmt: skip
-    out: dict[str, dict] = {}
-    for name, latent in latents.items():
-        specs = out[name] = {}
-        for i, kind in enumerate(text.layer_types):
-            if kind == "linear_attention":
-                specs[f"model.layers.{i}.self_attn"] = built[f"model.layers.{gdn_at}.self_attn"]
-                continue
-            specs[f"model.layers.{i}.self_attn.mla_attn"] = latent
-            for part in ("indexer.k_cache", "indexer.tail_cache"):
-                specs[f"model.layers.{i}.self_attn.{part}"] = built[
-                    f"model.layers.{mla_at}.self_attn.{part}"
-                ]
-        for mtp in range(shape.mtp_layers):
-            prefix = f"{mtp_prefix(text, mtp)}.self_attn"
-            specs[f"{prefix}.mla_attn"] = latent
-            for part in ("indexer.k_cache", "indexer.tail_cache"):
-                specs[f"{prefix}.{part}"] = built[f"{prefix}.{part}"]
-    return out
+        latent = latent_spec(config, text, shape.attention_backend)
+        layout = resolved_layout(config, shape.attention_backend)
+    if layout != KV_LAYOUT:
+        raise RuntimeError(f"vLLM resolves the KV cache layout {layout} for GLM-5.3's backends, "
+                           f"not {KV_LAYOUT}: kvgeometry.glm53_specs.KV_LAYOUT needs updating")
+    specs: dict[str, Any] = {}
+    for i, kind in enumerate(text.layer_types):
+        if kind == "linear_attention":
+            specs[f"model.layers.{i}.self_attn"] = built[f"model.layers.{gdn_at}.self_attn"]
+            continue
+        specs[f"model.layers.{i}.self_attn.mla_attn"] = latent
+        for part in ("indexer.k_cache", "indexer.tail_cache"):
+            specs[f"model.layers.{i}.self_attn.{part}"] = built[
+                f"model.layers.{mla_at}.self_attn.{part}"
+            ]
+    for mtp in range(shape.mtp_layers):
+        prefix = f"{mtp_prefix(text, mtp)}.self_attn"
+        specs[f"{prefix}.mla_attn"] = latent
+        for part in ("indexer.k_cache", "indexer.tail_cache"):
+            specs[f"{prefix}.{part}"] = built[f"{prefix}.{part}"]
+    return specs
 
 
-def build(shape: Shape, work: Path) -> dict:
-    """Run one process per TP rank and return rank 0's specs ({"vllm": ..., "runtime": ...})."""
+def build(shape: Shape, work: Path) -> dict[str, Any]:
+    """Run one process per TP rank and return rank 0's specs (layer name -> KVCacheSpec)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -244,12 +279,21 @@ def build(shape: Shape, work: Path) -> dict:
             str(shape.max_model_len), "--attention-backend", shape.attention_backend,
             "--mtp-layers", str(shape.mtp_layers), "--kda-prefill-backend",
             shape.kda_prefill_backend, "--port", str(port), "--out", str(out)]  # fmt: skip
+    # CUDA_VISIBLE_DEVICES empty: vLLM's start on an x86 CPU then takes PyPI's triton as it
+    # takes it in a worker whose devices are not yet visible (vllm/triton_utils/importing.py)
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": ""}
     ranks = [
-        subprocess.Popen([*argv, "--rank", str(r)], env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"},
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen([*argv, "--rank", str(r)], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
         for r in range(shape.tp)
     ]  # fmt: skip
-    logs = [p.communicate(timeout=600)[0] for p in ranks]
+    try:
+        logs = [p.communicate(timeout=RANK_TIMEOUT_S)[0] for p in ranks]
+    finally:  # a rank that hangs (a peer died before the gloo world formed) is ended too
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     failed = [(r, p.returncode, logs[r][-2000:]) for r, p in enumerate(ranks) if p.returncode]
     if failed:
         raise RuntimeError(f"spec build failed on ranks {failed}")
@@ -275,7 +319,7 @@ def main() -> None:
                   args.max_model_len, args.attention_backend, args.mtp_layers,
                   args.kda_prefill_backend)
     if args.rank is None:
-        build(shape, args.out.parent)
+        args.out.write_bytes(pickle.dumps(build(shape, args.out.parent)))
         return
     specs = build_rank(shape, args.rank, args.port)
     if args.rank == 0:

@@ -12,7 +12,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from kvgeometry.glm53_specs import Shape, build
+from kvgeometry.glm53_specs import KV_LAYOUT, Shape, build
+from launch.vllm_vocab import VLLM_VERSION
 from tests.planner.planning import Plan, plan
 from tests.planner.seed_shapes import TWELVE_GIB, mtp_auto_alignment, mtp_split_seed, vllm_config
 
@@ -25,7 +26,8 @@ def row(label: str, result: Plan, layer: str) -> str:
 
 
 def main() -> None:
-    print(f"KV cache planner, vLLM 0.33.0 CPU, {TWELVE_GIB:,} bytes (12 GiB), BLNHC layout")
+    print(f"KV cache planner, vLLM {VLLM_VERSION} CPU, {TWELVE_GIB:,} bytes (12 GiB), "
+          f"{KV_LAYOUT} layout")
     print("0002 GLM-5.3 split pages: seed 004 shape, TP4/DCP1 MTP3, 262,144 tokens")
     target = "model.layers.3.self_attn"
     config = vllm_config(max_model_len=262_144)
@@ -37,12 +39,12 @@ def main() -> None:
     print(row("with 0002, 512/512 split pages", split, target))
     print("  seed 004's servers reported 1,265,215 tokens (split) and 4,412,757 (automatic) with")
     print("  the full model's cache groups and their own budget; those are not reproduced here")
-    print("0002 on the specs vLLM 0.33.0's layers build (kvgeometry/glm53_specs.py), 512/512:")
+    print(f"0002 on the specs vLLM {VLLM_VERSION}'s layers build (kvgeometry/glm53_specs.py), "
+          "512/512:")
     with tempfile.TemporaryDirectory() as work:
         real = build(Shape(tp=4, dcp=1, spec_tokens=3, block_size=512), Path(work))
-    for latent, label in (("vllm", "vLLM 0.33.0's SM120 latent format"),
-                          ("runtime", "the runtime's 528-byte latent")):  # fmt: skip
-        print(row(label, plan(config, real[latent]), "model.layers.3.self_attn.mla_attn"))
+    print(row("the SM120 backend's latent (the runtime's 528-byte row)", plan(config, real),
+              "model.layers.3.self_attn.mla_attn"))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,13 +1,13 @@
 """HAND-WRITTEN KV cache specs shaped like seed 004's pages, for vLLM's real planner on the CPU.
 
-These are not the specs vLLM 0.33.0 builds for GLM-5.3: it builds three per sparse-MLA layer (the
-528-byte latent, the C4 indexer cache and the tail ring; ../shared/notes/glm53-geometry.md), where
-these fold latent and indexer into one 561-byte-per-token MLA spec, the seed's page. They check
-what the series promises at the seed's page sizes (issue #11 tracks building the specs through
-vLLM's own layer classes). Figures: 45 layers, a sparse-MLA layer at every fourth position from
-index 3 (11 MLA layers, 34 gated-delta layers); 561 bytes per token, so 287,232 bytes at 512
-tokens and 1,292,544 at 2,304; the TP4 recurrent page of 1,048,576 SSM bytes plus the convolution
-state of 3 x 6,144 FP32 values for MTP (1,122,304 bytes).
+These are not the specs vLLM builds for GLM-5.3: it builds three per sparse-MLA layer (the 528-byte
+latent, the C4 indexer cache and the tail ring; ../shared/notes/glm53-geometry.md), where these fold
+latent and indexer into one 561-byte-per-token MLA spec, the seed's page. They check what the series
+promises at the seed's page sizes; the specs vLLM's own layer classes build are
+kvgeometry/glm53_specs.py's (tests/planner/test_glm53_real_specs.py). Figures: 45 layers, a sparse-
+MLA layer at every fourth position from index 3 (11 MLA layers, 34 gated-delta layers); 561 bytes
+per token, so 287,232 bytes at 512 tokens and 1,292,544 at 2,304; the TP4 recurrent page of
+1,048,576 SSM bytes plus the convolution state of 3 x 6,144 FP32 values for MTP (1,122,304 bytes).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import torch
 from vllm.config import VllmConfig
 from vllm.v1.kv_cache_interface import KVCacheSpec, MambaSpec, MLAAttentionSpec
 
-GLM53 = "Glm5NextForConditionalGeneration"
+from kvgeometry.glm53_specs import GLM53, KV_LAYOUT
+
 NUM_LAYERS = 45
 MLA_BYTES_PER_TOKEN = 561
 SSM_SHAPE = (16, 128, 128)
@@ -35,7 +36,7 @@ def vllm_config(
     """A VllmConfig the planner accepts without a model checkpoint."""
     config = VllmConfig()
     config.parallel_config.decode_context_parallel_size = dcp
-    config.cache_config.kv_cache_layout = "BLNHC"
+    config.cache_config.kv_cache_layout = KV_LAYOUT
     config.cache_config.mamba_cache_mode = "align"
     if architecture is not None:
         config.model_config = SimpleNamespace(

@@ -1,5 +1,5 @@
 """`make capacity`'s sizing (vLLM's engine core, `kvgeometry.engine_plan`) on GLM-5.3's specs as
-vLLM 0.33.0's layers build them: the seeds' figures, what differs from them and why, and the
+vLLM 0.34.0's layers build them: the seeds' figures, what differs from them and why, and the
 inverse questions' answers checked one byte / one token either side."""
 
 from __future__ import annotations
@@ -8,16 +8,17 @@ import pytest
 
 from kvgeometry.capacity import largest_context_for, smallest_budget_for
 from kvgeometry.engine_plan import EnginePlan, Refused, engine_plan
-from kvgeometry.glm53_specs import Shape, text_config, vllm_config
+from kvgeometry.glm53_specs import Shape, runtime_latent, text_config, vllm_config
 from tests.planner.planning import plan
 from tests.planner.seed_shapes import TWELVE_GIB
 from tests.planner.seed_shapes import vllm_config as planner_config
 
 GIB = 1 << 30
 MILLION = 1_048_576
-SEED_000_TOKENS = {TWELVE_GIB: 5_974_904, "15.87 GiB": 7_900_591}
-"""Seed 000: 906 blocks and 5,974,904 group-aware tokens at 12 GiB; 7,900,591 tokens (7.53
-concurrent 1,048,576-token requests) at the production budget '15.87 GiB available for KV'."""
+SEED_000_BLOCKS = {TWELVE_GIB: 906}
+"""Seed 000: 'At an identical 12 GiB KV budget and 906 physical blocks'."""
+SEED_000_PRODUCTION_GIB = 15.87
+"""Seed 000: 'automatic 0.95 memory budgeting reported 15.87 GiB available for KV'."""
 
 
 def dflash_config():
@@ -34,33 +35,32 @@ def engine(config, specs, budget, max_model_len=None) -> EnginePlan:
     return result
 
 
-def test_seed_000_blocks_and_the_draft_term_vllm_033_cannot_build(real_specs):
-    """The engine core gives seed 000's 906 blocks at 12 GiB, and 1,198 anywhere in the rounding
-    of '15.87 GiB'. The seed's tokens are those blocks over 159 blocks per 1,048,576-token
-    request, for both budgets; the target's groups take 145 of them (114 latent+indexer blocks,
-    one tail ring, and 3 recurrent groups of 2 + 7 speculative + 1 FlashKDA checkpoint block:
-    the profile leaves the KDA prefill backend on auto, which SM120 resolves to FlashKDA). The
-    other 14 are the DFlash draft's replicated cache (the fork's; vLLM 0.33.0 shards a draft
-    under DCP 4 and `make capacity` says so), so the tokens here are the target's alone."""
-    specs = real_specs["dflash"]["runtime"]  # the qualified runtime's 528-byte latent
-    twelve = engine(dflash_config(), specs, TWELVE_GIB)
-    assert twelve.num_blocks == 906
-    low, high = (engine(dflash_config(), specs, int(g * GIB)) for g in (15.865, 15.875))
+def test_seed_000_blocks_with_the_runtimes_latent_and_with_vllms(real_specs):
+    """The engine core on the target's TP4/DCP4 specs. With the runtime's target latent (528-byte
+    rows, no 64-row stride alignment: `runtime_latent`) it gives seed 000's 906 blocks at 12 GiB,
+    and the same count anywhere in the rounding of '15.87 GiB' as the seed's 7,900,591 tokens
+    need (7.53 requests of 159 blocks: 1,198 blocks). vLLM 0.34.0's own SM120 backend stores the
+    same rows but aligns the pool stride to 64 of them (33,792 bytes), one C4 unit more per
+    block: 905 at 12 GiB. Per request the target's groups take 145 blocks (114 latent+indexer,
+    one tail ring, 3 recurrent groups of 2 + 7 speculative + 1 FlashKDA checkpoint); seed 000's
+    159 include the DFlash draft's replicated cache, which these specs do not build."""
+    runtime = runtime_latent(real_specs["dflash"])
+    twelve = engine(dflash_config(), runtime, TWELVE_GIB)
+    assert twelve.num_blocks == SEED_000_BLOCKS[TWELVE_GIB]
+    assert twelve.geometry.stride_bytes == 14_217_984  # 11 x (1,216,512 + 76,032)
+    low, high = (engine(dflash_config(), runtime, int(g * GIB))
+                 for g in (SEED_000_PRODUCTION_GIB - 0.005, SEED_000_PRODUCTION_GIB + 0.005))
     assert low.num_blocks == high.num_blocks == 1198
-    per_request_seed = round(906 * MILLION / SEED_000_TOKENS[TWELVE_GIB])
-    assert per_request_seed == 159
-    assert int(906 * MILLION / per_request_seed) == SEED_000_TOKENS[TWELVE_GIB]
-    assert int(1198 * MILLION / per_request_seed) == SEED_000_TOKENS["15.87 GiB"]
-    target_per_request = round(twelve.num_blocks / twelve.max_concurrency)
-    assert target_per_request == 145
-    assert per_request_seed - target_per_request == 14  # the draft's, which 0.33.0 cannot build
-    assert twelve.tokens == int(906 / 145 * MILLION) > SEED_000_TOKENS[TWELVE_GIB]
+    assert round(twelve.num_blocks / twelve.max_concurrency) == 145
+    own = engine(dflash_config(), real_specs["dflash"], TWELVE_GIB)
+    assert own.geometry.stride_bytes == twelve.geometry.stride_bytes + 64 * 132
+    assert own.num_blocks == 905
 
 
 def test_the_engine_core_sizes_as_the_planner_functions(real_specs, split_512):
     """The engine core's own sizing (what `make capacity` runs) and vLLM's planner functions
     called one by one (tests/planner/planning.py) agree on seed 004's split shape."""
-    specs = real_specs["mtp3"]["vllm"]
+    specs = real_specs["mtp3"]
     config = vllm_config(Shape(tp=4, dcp=1, spec_tokens=3, block_size=512), text_config())
     config.speculative_config = None
     by_engine = engine(config, specs, TWELVE_GIB)
@@ -75,7 +75,7 @@ def test_the_engine_core_sizes_as_the_planner_functions(real_specs, split_512):
 
 
 def test_a_budget_below_one_block_is_vllms_refusal(real_specs):
-    specs = real_specs["dflash"]["runtime"]
+    specs = real_specs["dflash"]
     stride = engine(dflash_config(), specs, TWELVE_GIB).geometry.stride_bytes
     refused = engine_plan(dflash_config(), specs, stride - 1)
     assert isinstance(refused, Refused)
@@ -85,7 +85,7 @@ def test_a_budget_below_one_block_is_vllms_refusal(real_specs):
 def test_the_inverse_answers_are_tight(real_specs, split_512):
     """The smallest budget for 4 x 262,144 holds them and one byte less does not; the largest
     context one request fits in 12 GiB fits and one token more does not."""
-    specs = real_specs["mtp3"]["vllm"]
+    specs = real_specs["mtp3"]
     config = vllm_config(Shape(tp=4, dcp=1, spec_tokens=3, block_size=512), text_config())
     config.speculative_config = None
     need = smallest_budget_for(config, specs, 4, 262_144, (TWELVE_GIB,))["smallest_budget"]
@@ -115,13 +115,13 @@ SEED_004_BUDGET = 34_467_924_480
 def mtp3_as_served(tmp_path_factory):
     """Seed 004's server's specs, from vLLM's classes: TP4/DCP1 with the MTP layer's caches
     (the drafter's sparse-MLA layer 45) and the recurrent layers as FlashKDA keeps them (3
-    speculative blocks and a prefill-checkpoint block per request); the latent in the runtime's
-    528-byte format."""
+    speculative blocks and a prefill-checkpoint block per request); the latent as the runtime
+    keeps it (`runtime_latent`: 528-byte rows without the SM120 backend's 64-row alignment)."""
     from kvgeometry.glm53_specs import build
 
     shape = Shape(tp=4, dcp=1, spec_tokens=3, block_size=512, mtp_layers=1,
                   kda_prefill_backend="flashkda")  # fmt: skip
-    return build(shape, tmp_path_factory.mktemp("mtp3-served"))["runtime"]
+    return runtime_latent(build(shape, tmp_path_factory.mktemp("mtp3-served")))
 
 
 def runtime_pages(specs: dict, block: int, recurrent_padded_to: int | None) -> dict:

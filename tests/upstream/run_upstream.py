@@ -1,6 +1,6 @@
-"""vLLM 0.33.0's own planner tests, run unpatched and patched: the same set must pass.
+"""vLLM 0.34.0's own planner tests, run unpatched and patched: the same set must pass.
 
-Fetches the vllm 0.33.0 sdist once (pip download; cached, SHA-256 checked), extracts
+Fetches the vllm 0.34.0 sdist once (pip download; cached, SHA-256 checked), extracts
 `tests/v1/core/test_kv_cache_planning.py`, `test_kv_cache_utils.py` and the helpers they import,
 and runs them offline on the CPU twice: against the pristine installed vLLM and against the
 patched copy. The Hugging Face configs the tests build `ModelConfig()` from are vendored
@@ -24,8 +24,9 @@ import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-SDIST = "vllm-0.33.0.tar.gz"
-SDIST_SHA256 = "f4c33c2503d52bb411146afa9618a4f48bed68912f617e6803ac8d76e4c74112"
+VERSION = "0.34.0"
+SDIST = f"vllm-{VERSION}.tar.gz"
+SDIST_SHA256 = "fcad848b246a9d8652b47e6425af92334dc02492f9802720f54e27b823cf0113"
 TEST_FILES = ("tests/v1/core/test_kv_cache_planning.py", "tests/v1/core/test_kv_cache_utils.py")
 HELPERS = (
     "tests/__init__.py",
@@ -36,6 +37,8 @@ HELPERS = (
     "tests/v1/kv_connector/__init__.py",
     "tests/v1/kv_connector/unit/__init__.py",
     "tests/v1/kv_connector/unit/utils.py",
+    "tests/v1/spec_decode/__init__.py",
+    "tests/v1/spec_decode/utils.py",
 )
 HERE = Path(__file__).resolve().parent
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "glm53-kit"
@@ -54,7 +57,7 @@ def fetch_sdist() -> Path:
         env = {**os.environ, "VLLM_TARGET_DEVICE": "empty", "VLLM_SKIP_VERSION_SUFFIX": "1"}
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-             "--no-binary", ":all:", "--no-build-isolation", "vllm==0.33.0", "-d", tmp],
+             "--no-binary", ":all:", "--no-build-isolation", f"vllm=={VERSION}", "-d", tmp],
             env=env, check=True,
         )  # fmt: skip
         downloaded = Path(tmp) / SDIST
@@ -69,7 +72,7 @@ def extract(sdist: Path, work: Path) -> Path:
     root = work / "src"
     with tarfile.open(sdist) as tar:
         for rel in (*TEST_FILES, *HELPERS):
-            member = tar.getmember(f"vllm-0.33.0/{rel}")
+            member = tar.getmember(f"vllm-{VERSION}/{rel}")
             data = tar.extractfile(member)
             assert data is not None
             out = root / rel
@@ -107,6 +110,7 @@ def run(src: Path, pythonpath: list[Path], report: Path, cache: Path) -> tuple[s
         **os.environ,
         "PYTHONPATH": os.pathsep.join(str(p) for p in pythonpath),
         "VLLM_TARGET_DEVICE": "cpu",
+        "CUDA_VISIBLE_DEVICES": "",  # vLLM on an x86 CPU then takes PyPI's triton
         "HF_HUB_OFFLINE": "1",
         "HF_HUB_CACHE": str(cache),
     }
@@ -138,7 +142,7 @@ def main() -> int:
         (pristine_pass, pristine_other), (patched_pass, patched_other) = (
             pristine.result(), patched.result())  # fmt: skip
     print(
-        f"vLLM 0.33.0 planner tests ({', '.join(TEST_FILES)}), {len(deselected())} deselected "
+        f"vLLM {VERSION} planner tests ({', '.join(TEST_FILES)}), {len(deselected())} deselected "
         "by name (tests/upstream/deselected.txt)"
     )
     print(f"unpatched: {len(pristine_pass)} passed, {len(pristine_other)} failed")
