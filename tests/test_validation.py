@@ -103,8 +103,10 @@ BAD_INPUTS = [
 UPSTREAM_FALLBACKS = (
     "b12x_pcie_allreduce",
     "dcp_ckv_gather",
+    "attention_backend",
     "glm53_kda_decode_backend",
 )
+"""dflash-tp4-dcp4's fork knobs in the order `launch run` names them."""
 
 
 def run_launch(
@@ -186,9 +188,9 @@ def test_every_override_with_hostile_values_plans_or_is_refused_never_crashes(pr
 
 
 def test_missing_capability_refuses_unless_fallback_named(tmp_path):
-    """The installed upstream vLLM 0.33.0 lacks the fork's knobs: refuse, then run unqualified.
-    At DCP 1: under DCP the draft's replication is missing too, which no fallback waives
-    (tests/test_vllm_033_gaps.py)."""
+    """The installed upstream vLLM lacks the fork's knobs: refuse, then run unqualified (at DCP 1,
+    as a user may; vLLM 0.34.0 keeps the draft replicated under DCP as well, and 0.33.0's
+    refusal of that is tests/test_vllm_gaps.py's)."""
     from launch.vllm_install import find_vllm
 
     install = find_vllm()
@@ -200,14 +202,16 @@ def test_missing_capability_refuses_unless_fallback_named(tmp_path):
     # every missing capability in one message, fallbacks named as the knobs' own fields
     errors = [line for line in refused.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1
-    assert errors[0].startswith("error: capabilities='3 missing': the installed vLLM lacks ")
+    assert errors[0].startswith("error: capabilities='4 missing': the installed vLLM lacks ")
     for knob in ("features.b12x_pcie_allreduce=true", "features.dcp_ckv_gather=true",
+                 "engine.attention_backend=B12X_MLA_SPARSE",
                  "engine.additional_config.glm53_kda_decode_backend"):  # fmt: skip
         assert knob in errors[0]
     assert f"FALLBACKS={','.join(UPSTREAM_FALLBACKS)} (" in errors[0]
     assert not (tmp_path / "started").exists()
     one_left = run_launch(tmp_path, ["run", "dflash-tp4-dcp4", "--vllm-root", str(upstream)],
-                          {**dcp1, "FALLBACKS": "b12x_pcie_allreduce,dcp_ckv_gather"})  # fmt: skip
+                          {**dcp1, "FALLBACKS": "b12x_pcie_allreduce,dcp_ckv_gather,"
+                                              "attention_backend"})  # fmt: skip
     assert one_left.returncode == 2
     assert "error: engine.additional_config.glm53_kda_decode_backend='\"auto\"'" in (
         one_left.stderr
@@ -256,7 +260,8 @@ DFLASH_ARGV = [
     "--tensor-parallel-size", "4", "--pipeline-parallel-size", "1",
     "--decode-context-parallel-size", "4", "--cp-kv-cache-interleave-size", "4",
     "--max-model-len", "1048576", "--max-num-seqs", "32", "--max-num-batched-tokens", "8192",
-    "--kv-cache-memory-bytes", "12884901888", "--served-model-name", "GLM-5.3-Flash",
+    "--kv-cache-memory-bytes", "12884901888", "--attention-backend", "B12X_MLA_SPARSE",
+    "--served-model-name", "GLM-5.3-Flash",
     "--enable-prefix-caching", "--reasoning-parser", "glm45", "--tool-call-parser", "glm47",
     "--enable-auto-tool-choice",
     "--compilation-config", '{"cudagraph_mode":"FULL","max_cudagraph_capture_size":128}',
@@ -270,7 +275,7 @@ DFLASH_ARGV = [
     "--shutdown-timeout", "60",  # deployment.drain_s: requests in flight finish on a stop
 ]  # fmt: skip
 """`vllm serve` of dflash-tp4-dcp4 written out by hand from launch/profiles/dflash-tp4-dcp4.yaml
-(and the flag names of vLLM 0.33.0's EngineArgs): the launcher's own rendering is what is
+(and the flag names of vLLM 0.34.0's EngineArgs): the launcher's own rendering is what is
 tested, so it is not what the test expects (a test that compared the launcher with its own
 `build_plan` could not catch a wrong flag or a dropped setting)."""
 

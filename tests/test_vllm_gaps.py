@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -35,9 +36,13 @@ from launch.vllm_vocab import VLLM_VERSION
 from tests.conftest import REPO
 
 PREVIOUS = "0.33.0"
-DFLASH_FORK_KNOBS = ("b12x_pcie_allreduce", "dcp_ckv_gather", "glm53_kda_decode_backend")
-"""What dflash-tp4-dcp4 uses that only the fork has (seed 000: B12X_PCIE_ALLREDUCE=1,
-DCP_CKV_GATHER=1, the KDA decode selector in additional_config)."""
+sys.path.insert(0, str(REPO / "docker"))
+from selfcheck import LAUNCH_FALLBACKS  # noqa: E402  (docker/ is not a package)
+
+DFLASH_FORK_KNOBS = LAUNCH_FALLBACKS["dflash-tp4-dcp4"]
+"""What dflash-tp4-dcp4 uses that only the fork has (seed 000: B12X target kernels,
+B12X_PCIE_ALLREDUCE=1, DCP_CKV_GATHER=1, the KDA decode selector in additional_config): what the
+image's self-check expects `launch run` to name."""
 
 
 @pytest.fixture(scope="module")
@@ -108,12 +113,16 @@ def test_dflash_plans_on_0_34_with_only_the_forks_knobs_as_fallbacks(pristine):
     with pytest.raises(UsageError) as refused:
         resolve(load("dflash-tp4-dcp4").profile, pristine)
     assert "cannot keep the draft replicated" not in str(refused.value)
-    assert f"FALLBACKS={','.join(DFLASH_FORK_KNOBS)} (" in str(refused.value)
-    loaded = load("dflash-tp4-dcp4", from_environment({"FALLBACKS": ",".join(DFLASH_FORK_KNOBS)}))
+    named = re.search(r"FALLBACKS=(\S+) \(", str(refused.value))
+    assert named is not None and sorted(named[1].split(",")) == sorted(DFLASH_FORK_KNOBS)
+    loaded = load("dflash-tp4-dcp4", from_environment({"FALLBACKS": named[1]}))
     plan = assemble(loaded, resolve(loaded.profile, pristine))
-    assert tuple(r.name for r in resolve(loaded.profile, pristine).fallbacks) == DFLASH_FORK_KNOBS
-    assert plan.profile.expect.kv_blocks == 906
-    assert plan.profile.expect.kv_cache_tokens == 5_974_904
+    fallbacks = resolve(loaded.profile, pristine).fallbacks
+    assert sorted(r.name for r in fallbacks) == sorted(DFLASH_FORK_KNOBS)
+    # the runtime's capacity figures do not hold on vLLM's SM120 backend (its 64-row stride
+    # alignment: 905 blocks, tests/planner/test_capacity_seeds.py); the draft's block does
+    assert plan.profile.expect.kv_blocks is None
+    assert plan.profile.expect.kv_cache_tokens is None
     assert plan.profile.expect.block_sizes == {"draft": 2304}
 
 

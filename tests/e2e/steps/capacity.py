@@ -14,6 +14,7 @@ import time
 import requests
 
 from launch.loader import load
+from launch.vllm_vocab import VLLM_VERSION
 from smoke.capacity_check import cache_config_info, disagreements
 from smoke.logparse import parse_lines
 from tests.e2e.harness import (
@@ -134,30 +135,29 @@ def up_refuses_then_the_fix_serves(run: Run) -> str:
 
 
 def glm_in_cuda_image(run: Run) -> str:
-    """Both GLM profiles in the CUDA image CI built (IMAGE_SOURCE=kit: its vLLM 0.33.0 with the
-    patch series, on the CPU): mtp3 plans the split pages (the block and page sizes seed 004
-    names, for the roles whose format the image shares with the qualified runtime); dflash is
-    refused, naming what vLLM 0.33.0 lacks."""
+    """Both GLM profiles in the CUDA image CI built (IMAGE_SOURCE=kit: its vLLM 0.34.0 with the
+    patch series, on the CPU): mtp3 plans the split pages (every block and page size seed 004
+    names: vLLM 0.34.0's SM120 latent row is the runtime's); dflash is refused, naming the
+    draft checkpoint's config the kit does not have."""
     env = {"IMAGE": run.state.image("kit-id"), "IMAGE_SOURCE": "kit"}
     answer, secs, _ = predict(run, "--budget", "12GiB", env=env, profile="mtp3-tp4-split")
     plan = answer["plans"][0]
     expect = load("mtp3-tp4-split").profile.expect
     geometry = plan["geometry"]
-    shared = ("indexer", "recurrent")
-    if answer["vllm"] != "0.33.0" or any(
+    if answer["vllm"] != VLLM_VERSION or any(
         geometry["block_sizes"].get(r) != expect.block_sizes[r]
-        or geometry["page_bytes"].get(r) != expect.page_bytes[r] for r in shared
-    ) or geometry["block_sizes"].get("latent") != expect.block_sizes["latent"]:
+        or geometry["page_bytes"].get(r) != expect.page_bytes[r] for r in expect.page_bytes
+    ):
         raise StepFailed(f"mtp3 in the CUDA image: vLLM {answer['vllm']}, blocks "
                          f"{geometry['block_sizes']}, pages {geometry['page_bytes']}")  # fmt: skip
     done = make(run, "capacity", "PROFILE=dflash-tp4-dcp4", timeout=600, check=False,
                 env={**run.env, **env})  # fmt: skip
     said = done.stderr + done.stdout
-    if done.returncode == 0 or "DFlash draft under decode context parallel 4" not in said:
+    if done.returncode != 2 or "the draft's layers need its checkpoint's config" not in said:
         raise StepFailed(f"dflash: exit {done.returncode}: {said[-400:]}")
     return (f"mtp3: {plan['num_blocks']:,} blocks, {plan['tokens']:,} tokens at 12 GiB, pages "
-            f"{geometry['page_bytes']} ({secs:.0f} s cold); dflash refused: vLLM 0.33.0 cannot "
-            "build the replicated DFlash draft under DCP 4")  # fmt: skip
+            f"{geometry['page_bytes']} ({secs:.0f} s cold); dflash refused: the draft's layers "
+            "need its checkpoint's config")  # fmt: skip
 
 
 PREDICTED = Step("make capacity equals the started engine (log, geometry, /metrics)",
