@@ -1,4 +1,4 @@
-"""The patch series applies to pristine vLLM 0.33.0 files and fails loudly on a changed base."""
+"""The patch series applies to pristine vLLM 0.34.0 files and fails loudly on a changed base."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ FILES = (
 
 @pytest.fixture
 def pristine_tree(tmp_path: Path) -> Path:
-    """The files the series touches, copied from the installed vllm 0.33.0 wheel."""
+    """The files the series touches, copied from the installed vllm wheel."""
     from launch.vllm_install import find_vllm
 
     install = find_vllm()
@@ -45,10 +45,11 @@ def test_series_applies_in_order_and_leaves_its_markers(pristine_tree):
     result = apply("--vllm-root", str(pristine_tree))
     assert result.returncode == 0, result.stderr
     assert [line.split(":")[0] for line in result.stdout.splitlines()] == [
+        "applied 0001-align-replicated-draft-blocks.patch",
         "applied 0002-glm53-split-target-recurrent-pages.patch",
     ]
     check = apply("--vllm-root", str(pristine_tree), "--check")
-    assert check.returncode == 0 and check.stdout.count("present ") == 1
+    assert check.returncode == 0 and check.stdout.count("present ") == 2
 
 
 def test_changed_base_names_the_patch_and_the_expected_version(pristine_tree):
