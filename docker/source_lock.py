@@ -17,6 +17,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "patches"))
+from apply_series import read_series  # noqa: E402  (patches/ is not a package)
+
 ENGINE_LOCKS = {"cuda": "docker/requirements.lock", "cpu": "docker/requirements-cpu.lock"}
 """Each engine's hash-locked Python requirements (docker/engine/install-<engine>.sh)."""
 
@@ -25,7 +28,7 @@ def source_lock(root: Path, engine: str, base: str, commit: str) -> dict[str, ob
     def digest(rel: str) -> str:
         return hashlib.sha256((root / rel).read_bytes()).hexdigest()
 
-    series = (root / "patches/vllm/series").read_text(encoding="utf-8").split()
+    series = [patch.path.name for patch in read_series(root / "patches/vllm")]
     inputs = (ENGINE_LOCKS[engine], "patches/vllm/series", f"docker/engine/install-{engine}.sh")
     return {
         "engine": engine,

@@ -71,7 +71,7 @@ def test_changed_base_names_the_patch_and_the_expected_version(pristine_tree):
 def test_check_on_an_unpatched_tree_fails(pristine_tree):
     result = apply("--vllm-root", str(pristine_tree), "--check")
     assert result.returncode == 1
-    assert "0002-glm53-split-target-recurrent-pages.patch is not applied" in result.stderr
+    assert "0001-align-replicated-draft-blocks.patch is not applied" in result.stderr
 
 
 def test_bad_usage_exits_2(tmp_path):
