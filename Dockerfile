@@ -1,7 +1,7 @@
 # GLM-5.3-Flash serving image, one Dockerfile for two engines (build argument ENGINE):
 #   cuda  Debian 13 with CPython 3.13 and g++ (docker/debian_base.py --engine cuda, made from
 #         Debian's packages; its config sets CUDA_HOME and the NVIDIA_* variables the container
-#         toolkit reads), every package from the hash-locked docker/requirements.lock (vLLM 0.33.0
+#         toolkit reads), every package from the hash-locked docker/requirements.lock (vLLM 0.34.0
 #         with the b12x extra, torch 2.14.0 and the CUDA 13.0 compiler, headers and runtime as
 #         PyPI wheels, laid out as a toolkit at CUDA_HOME) and the kit's vLLM patch series applied
 #         and checked. The image the GPU profiles run; built and self-checked without a GPU.
@@ -63,7 +63,7 @@ RUN python /opt/kit/docker/source_lock.py --engine "${ENGINE}" --base "${BASE_IM
  && chown vllm:vllm /cache /hf
 
 LABEL org.opencontainers.image.title="glm53-serving-kit" \
-      org.opencontainers.image.description="GLM-5.3-Flash serving kit: patched vLLM 0.33.0 with B12X (cuda) or vLLM's CPU build (cpu)" \
+      org.opencontainers.image.description="GLM-5.3-Flash serving kit: patched vLLM 0.34.0 with B12X (cuda) or vLLM's CPU build (cpu)" \
       org.opencontainers.image.revision="${KIT_COMMIT}" \
       org.opencontainers.image.base.name="${BASE_IMAGE}" \
       org.opencontainers.image.licenses="Apache-2.0" \

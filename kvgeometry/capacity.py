@@ -246,7 +246,10 @@ def largest_fitting(fits: Callable[[int], bool], limit: int) -> int:
 
 
 def answer(question: Question) -> dict[str, Any]:
-    os.environ.update(question.env)
+    # the server's environment, less its device list: the question sees no device, and an
+    # empty CUDA_VISIBLE_DEVICES is what lets vLLM (0.34.0) start on an x86 CPU with PyPI's
+    # triton (the leniency of vllm/triton_utils/importing.py for workers without devices yet)
+    os.environ.update({**question.env, "CUDA_VISIBLE_DEVICES": ""})
     import kvgeometry
 
     kvgeometry.register()  # the plugin's geometry line, as the server logs it
