@@ -52,8 +52,8 @@ from typing import Any
 GLM53 = "Glm5NextForConditionalGeneration"
 INDEX_KPOOL = 4
 SM120_SPARSE_MLA = "FLASHINFER_MLA_SPARSE_SM120"
-"""vLLM 0.33.0's sparse-MLA backend on SM120 (`platforms/cuda.py`: TRITON_MLA, which has no
-sparse support, then this one)."""
+"""vLLM's sparse-MLA backend on SM120 (`platforms/cuda.py`, 0.33.0 and 0.34.0: TRITON_MLA, which
+has no sparse support, then this one)."""
 RUNTIME_LATENT_BYTES = 528
 """The qualified runtime's FP8 MLA latent row per token: 512 FP8 bytes and 16 scale bytes (seed
 004's 287,232-byte target page at 512 tokens less the indexer's 16,896), for GLM-5.3's

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,31 +20,13 @@ from kvgeometry.capacity import ANSWER, Question
 from launch.compose_files import KIT_PACKAGES
 from launch.errors import UsageError
 from launch.plan import Plan
+from launch.sizes import GIB
 
 KIT_ROOT = Path(__file__).resolve().parent.parent
 
-GIB = 1 << 30
-UNITS = {"": 1, "B": 1, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": GIB, "TIB": 1 << 40,
-         "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}  # fmt: skip
-SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 TABLE_GIB = (8, 12, 16, 24, 32, 48, 64)
 """Budgets shown for a profile sized by gpu_memory_utilization (its budget is known only after
 the weights load)."""
-
-
-def parse_size(text: str, field: str = "budget") -> int:
-    """Bytes from `12884901888`, `16GiB`, `15.87GiB`, `512MiB`, `16GB`."""
-    match = SIZE.match(text)
-    unit = match.group(2).upper() if match else ""
-    if not match or unit not in UNITS:
-        raise UsageError(field, text, "is not a size (bytes, or a number with KiB, MiB, GiB, "
-                         "TiB, KB, MB, GB or TB)",
-                         f"e.g. --{field} 16GiB or --{field} 17179869184")  # fmt: skip
-    size = int(float(match.group(1)) * UNITS[unit])
-    if size <= 0:
-        raise UsageError(field, text, "must be more than 0 bytes",
-                         f"give the KV cache budget, e.g. --{field} 16GiB")  # fmt: skip
-    return size
 
 
 def parse_requests(text: str) -> tuple[int, int]:

@@ -1,6 +1,6 @@
 """KV cache tiers below the GPU cache: what vLLM's offload flags need from the host.
 
-vLLM 0.33.0 enables a host tier with `--kv-offloading-backend native|lmcache` and
+vLLM (0.33.0 and 0.34.0) enables a host tier with `--kv-offloading-backend native|lmcache` and
 `--kv-offloading-size <GiB>` (`vllm/config/vllm.py`, `_post_init_kv_transfer_config`: without a
 size nothing is offloaded, whatever the backend). The native backend stages the tier through one
 memory-mapped file in /dev/shm (`v1/kv_offload/cpu/shared_offload_region.py`: `Created mmap file

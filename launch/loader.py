@@ -51,8 +51,9 @@ EXPECT_DEPENDS: dict[str, tuple[str, ...]] = {
         "engine.speculative_config",
         "features.split_pages",
     ),
-    # The MLA latent's bytes per token are the attention backend's format (vLLM 0.33.0 stores
-    # fp8 as fp8_ds_mla, 656 bytes per token, for its SM120 sparse-MLA backend).
+    # The MLA latent's bytes per token are the attention backend's format (vLLM 0.33.0 stored
+    # fp8 as fp8_ds_mla, 656 bytes per token, for its SM120 sparse-MLA backend; 0.34.0's stores
+    # GLM-5.3's in the runtime's 528: launch.capabilities keeps page_bytes where it is so).
     "page_bytes": (
         "engine.tensor_parallel_size",
         "engine.attention_backend",

@@ -19,13 +19,8 @@ from launch.deviations import Changed
 from launch.errors import UsageError
 from launch.profile import Profile
 from launch.schema import field_paths, hint_at, parse_text
-from launch.vllm_vocab import (
-    BYTE_FIELDS,
-    HUMAN_READABLE_INT_FIELDS,
-    byte_count,
-    human_readable_int,
-    size_forms,
-)
+from launch.sizes import PROFILE_SIZES, in_units, read_size
+from launch.vllm_vocab import HUMAN_READABLE_INT_FIELDS, human_readable_int
 
 # Environment variable -> profile path. The names are the ones of the seeds' launch scripts.
 ENV_OVERRIDES: dict[str, str] = {
@@ -150,18 +145,22 @@ def split_args(text: str, origin: str) -> list[str]:
                          "balance the quotes, e.g. VLLM_EXTRA_ARGS=\"--seed 7\"") from err
 
 
-def human_size(text: str, field: str, where: str) -> str:
-    """The integer text of a human-readable size (vLLM's suffixes; IEC units for bytes), or
-    `text` unchanged when it is one already, or a usage error naming the forms."""
-    size = human_readable_int(text)
-    if size is None and field in BYTE_FIELDS:
-        size = byte_count(text)
-    if size is not None:
-        return str(size)
-    if text.strip().lower() in ("", "none", "null") or re.fullmatch(r"[+-]?\d+", text.strip()):
-        return text  # an integer, or unset: the schema judges it
-    raise UsageError(where, text, "is not a size vLLM or the kit reads",
-                     f"give {size_forms(field)}")
+def human_size(text: str, path: str, where: str) -> str:
+    """The number text of a size (`launch.sizes`, in the field's own unit) or of a count (vLLM's
+    suffixes), or `text` unchanged when it is unset or a plain integer already; a usage error
+    naming the forms otherwise."""
+    if text.strip().lower() in ("", "none", "null"):
+        return text  # unset: the schema judges it
+    if path in PROFILE_SIZES:
+        field = PROFILE_SIZES[path]
+        return str(in_units(read_size(field, text, where), field.unit))
+    count = human_readable_int(text)
+    if count is not None:
+        return str(count)
+    if re.fullmatch(r"[+-]?\d+", text.strip()):
+        return text  # an integer: the schema judges it
+    raise UsageError(where, text, "is not a count vLLM reads",
+                     "give a whole number: 262144, 256K (x 1024) or 262k (x 1000)")
 
 
 def apply(
@@ -175,8 +174,8 @@ def apply(
     for ov in overrides:
         text = ov.text
         field = ov.path.rsplit(".", 1)[-1]
-        if field in HUMAN_READABLE_INT_FIELDS:
-            text = human_size(text, field, f"{ov.origin} ({ov.path})")
+        if field in HUMAN_READABLE_INT_FIELDS or ov.path in PROFILE_SIZES:
+            text = human_size(text, ov.path, f"{ov.origin} ({ov.path})")
         if ov.path == "engine.extra_args":
             value: Any = split_args(text, ov.origin)
         else:

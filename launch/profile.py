@@ -2,7 +2,7 @@
 
 Engine arguments (what vLLM is told) are kept apart from deployment settings (where and how the
 container runs it), fork-only features (knobs that only some vLLM builds read) and expectations
-(what a correct start must show in the server log). Engine field names are vLLM 0.33.0's own
+(what a correct start must show in the server log). Engine field names are vLLM's own
 `EngineArgs` names, so the renderer derives every flag from the field name and no flag is written
 twice.
 """

@@ -9,7 +9,7 @@ contains the knob's name does not count (`B12X_PCIE_ALLREDUCE_ALGORITHM` is not
 
 The sites are parsed with `ast`, not imported: importing vllm.envs imports torch
 (vllm.env_override), seconds per start. The tests compare every reader here with the imported
-objects of the installed vLLM 0.33.0, so both readings agree.
+objects of the installed vLLM, so both readings agree.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Value sets of vLLM 0.33.0 that the validator checks before anything starts.
+"""Value sets of vLLM (VLLM_VERSION) that the validator checks before anything starts.
 
 They let `make plan` reject a typo on a machine without vLLM. `tests/test_vllm_parser.py` compares
-each set with the installed vLLM 0.33.0 (`CUDAGraphMode`, `CacheDType`, `MambaCacheMode`,
+each set with the installed vLLM (`CUDAGraphMode`, `CacheDType`, `MambaCacheMode`,
 `SpeculativeMethod`, `KVOffloadingBackend`), so a drift fails the tests instead of silently
 disagreeing with vLLM.
 """
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
+
+from launch.sizes import VLLM_BINARY, VLLM_DECIMAL
 
 VLLM_VERSION = "0.34.0"
 """The upstream vLLM the kit is built and tested on (the CUDA image, the test environment, the
@@ -29,23 +31,17 @@ KV_CACHE_DTYPES = frozenset(
     }
 )  # fmt: skip
 
-# Speculative methods vLLM 0.33.0 accepts that serve a GLM-5.3 target: a DFlash draft checkpoint,
+# Speculative methods vLLM accepts that serve a GLM-5.3 target: a DFlash draft checkpoint,
 # or the checkpoint's own MTP head ("mtp" resolves to glm5_next_mtp).
 GLM53_SPEC_METHODS = frozenset({"dflash", "mtp"})
 
-# `KVOffloadingBackend` of vLLM 0.33.0 (`config/cache.py`): the values of --kv-offloading-backend.
+# `KVOffloadingBackend` of vLLM (`config/cache.py`): the values of --kv-offloading-backend.
 KV_OFFLOADING_BACKENDS = frozenset({"native", "lmcache"})
 
-# EngineArgs fields whose `vllm serve` flag takes a human-readable integer (vLLM 0.33.0
+# EngineArgs fields whose `vllm serve` flag takes a human-readable integer (vLLM
 # `engine/arg_utils.py`: max_model_len, max_num_batched_tokens, kv_cache_memory_bytes, ...).
 HUMAN_READABLE_INT_FIELDS = frozenset({"max_model_len", "max_num_batched_tokens",
                                        "kv_cache_memory_bytes"})  # fmt: skip
-BYTE_FIELDS = frozenset({"kv_cache_memory_bytes"})
-"""Of those, the byte counts: the kit also reads the IEC units it prints itself ("12.00 GiB") and
-vLLM logs ("15.87 GiB available for KV"), and passes vLLM the byte count."""
-_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
-_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-_IEC = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
 
 def human_readable_int(text: str) -> int | None:
@@ -55,24 +51,6 @@ def human_readable_int(text: str) -> int | None:
     if match is None:
         return None
     number, suffix = match.groups()
-    if suffix in _DECIMAL:  # exact, as a fraction: a long number is no float overflow
-        return int(Fraction(number) * _DECIMAL[suffix])
-    return int(number) * _BINARY[suffix] if number.isdigit() else None
-
-
-def byte_count(text: str) -> int | None:
-    """A byte count in an IEC unit, as the kit and vLLM print them: '12GiB', '12 GiB', '15.87 GiB'
-    (whole bytes, rounded down); None for anything else."""
-    match = re.fullmatch(r"(\d+(?:\.\d+)?) ?(KiB|MiB|GiB|TiB)", text.strip())
-    if match is None:
-        return None
-    number, unit = match.groups()
-    return int(Fraction(number) * _IEC[unit])
-
-
-def size_forms(field: str) -> str:
-    """The forms a human-readable field takes, for an error's fix."""
-    if field in BYTE_FIELDS:
-        return ("a byte count: 12884901888, 12G or 12GiB or 12 GiB (x 2^30), 12g (x 10^9); "
-                "vLLM's suffixes are k/m/g/t (x 1000) and K/M/G/T (x 1024)")
-    return "a whole number: 262144, 256K (x 1024) or 262k (x 1000)"
+    if suffix in VLLM_DECIMAL:  # exact, as a fraction: a long number is no float overflow
+        return int(Fraction(number) * VLLM_DECIMAL[suffix])
+    return int(number) * VLLM_BINARY[suffix] if number.isdigit() else None

@@ -97,7 +97,7 @@ this group go to one worker, one after another, the way a user's engine sees the
 
 
 def vllm_format(rel: str, start: str) -> str:
-    """The %-format string of a vLLM 0.33.0 log call that begins with `start`, read from the
+    """The %-format string of a vLLM log call that begins with `start`, read from the
     installed source (adjacent literals joined, as Python joins them): a synthetic log line for
     a GPU-only message is this string filled in, never a line written by hand."""
     import ast
@@ -188,7 +188,7 @@ REGISTRATION_FILES = (
 
 def registration_tree(dest: Path, env: dict[str, str] | None = None,
                       backends: tuple[str, ...] = (), reads_config: tuple[str, ...] = ()) -> Path:
-    """A vLLM package tree made of the installed vLLM 0.33.0's own registration files, with
+    """A vLLM package tree made of the installed vLLM's own registration files, with
     `env` entries added to envs.py's `environment_variables`, `backends` added as
     AttentionBackendEnum members and a module reading `reads_config` from additional_config,
     each written the way vLLM writes them. Capability detection reads exactly these sites, so the
@@ -230,7 +230,7 @@ def registration_tree(dest: Path, env: dict[str, str] | None = None,
 
 @pytest.fixture
 def fork_vllm_tree(tmp_path: Path) -> Path:
-    """vLLM 0.33.0's registration files with every fork knob the profiles use registered: the
+    """the installed vLLM's registration files with every fork knob the profiles use registered: the
     fork's environment names, the B12X sparse-MLA backend, the KDA decode key."""
     return registration_tree(
         tmp_path / "vllm", FORK_REGISTRATIONS, ("B12X_MLA_SPARSE",), ("glm53_kda_decode_backend",)

@@ -19,7 +19,6 @@ from launch.capacity import (
     budgets_for,
     cache_key,
     format_answer,
-    parse_size,
     question_for,
     read_answer,
     refusal,
@@ -42,14 +41,6 @@ def test_bad_questions_exit_2_naming_field_value_and_fix(capsys, monkeypatch, ar
     assert main(["capacity", "cpu-tiny", *argv]) == 2
     err = capsys.readouterr().err
     assert field in err and "Fix:" in err and fix in err
-
-
-@pytest.mark.parametrize(("text", "size"), [
-    ("17179869184", 16 * GIB), ("16GiB", 16 * GIB), ("16 gib", 16 * GIB), ("512MiB", 1 << 29),
-    ("16GB", 16 * 10**9), ("15.87GiB", int(15.87 * GIB)),
-])  # fmt: skip
-def test_sizes(text, size):
-    assert parse_size(text) == size
 
 
 def test_budgets_from_the_profile_or_a_table():

@@ -1,4 +1,4 @@
-"""The geometry plugin (kvgeometry) on the installed vLLM 0.33.0: found by vLLM's own plugin
+"""The geometry plugin (kvgeometry) on the installed vLLM: found by vLLM's own plugin
 loader through the metadata `launch run` writes, wrapping the engine core's planner call without
 changing its result, and saying so when the hook is missing. The GLM-5.3 reports are in
 tests/planner/test_glm53_real_specs.py; the real CPU engine's line in `make e2e`."""

@@ -1,5 +1,5 @@
 """The API GLM-5.x users call: reasoning and tool-call parsers, auto tool choice, prefix caching,
-rendered by both GLM profiles and checked against the installed vLLM 0.33.0's own registries."""
+rendered by both GLM profiles and checked against the installed vLLM's own registries."""
 
 from __future__ import annotations
 

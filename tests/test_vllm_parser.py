@@ -156,6 +156,7 @@ def test_capability_detection_on_upstream_vllm():
         "dflash-tp4-dcp4": {
             "b12x_pcie_allreduce": False,
             "dcp_ckv_gather": False,
+            "attention_backend": False,  # B12X_MLA_SPARSE is the fork's
             "draft_attention_backend": True,  # FLASH_ATTN is upstream
             "glm53_kda_decode_backend": False,
             **parsers,

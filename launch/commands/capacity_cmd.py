@@ -18,7 +18,6 @@ from launch.capacity import (
     budgets_for,
     format_answer,
     parse_requests,
-    parse_size,
     predict,
     question_for,
     refusal,
@@ -28,6 +27,7 @@ from launch.commands.common import add_profile_arguments
 from launch.image_lock import resolve_image
 from launch.plan import plan_for
 from launch.settings import read_settings
+from launch.sizes import BUDGET, read_size
 
 NAME = "capacity"
 
@@ -47,7 +47,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    asked = tuple(parse_size(b) for b in args.budget)
+    asked = tuple(read_size(BUDGET, b) for b in args.budget)
     wanted = parse_requests(args.for_requests) if args.for_requests else None
     settings = read_settings(args.sets)
     plan = plan_for(settings, args.profile)

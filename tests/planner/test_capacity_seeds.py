@@ -127,7 +127,7 @@ def mtp3_as_served(tmp_path_factory):
 def runtime_pages(specs: dict, block: int, recurrent_padded_to: int | None) -> dict:
     """The qualified runtime's caches at `block` tokens: its target page is latent + indexer
     and nothing else (seed 004's 287,232 bytes at 512; the fork logs two physical page sizes,
-    target and recurrent, where vLLM 0.33.0 has a third cache, the tail ring, which is left out
+    target and recurrent, where vLLM has a third cache, the tail ring, which is left out
     here); the recurrent page padded as vLLM's hybrid alignment pads it, when asked."""
     import dataclasses
 
@@ -144,13 +144,13 @@ def runtime_pages(specs: dict, block: int, recurrent_padded_to: int | None) -> d
 
 
 def test_seed_004_both_layouts_at_one_budget(mtp3_as_served):
-    """Both seed 004 figures from vLLM 0.33.0's planner functions at one budget. The automatic
+    """Both seed 004 figures from vLLM's planner functions at one budget. The automatic
     layout: vLLM's own grouping of the hybrid-aligned caches (2,304-token blocks, the recurrent
     page padded to the 1,292,544-byte target page): a 24-layer target group and recurrent groups
     of 12, 11 and 11. #535's split layout: that same partition with each cache's own 512-token
     page (#535 'cache grouping preserves the target and recurrent physical page sizes'; the
     fork's #602 gives its groups by layer count), so every block is strided by 12 recurrent
-    pages. What vLLM 0.33.0 with patch 0002 does instead (it regroups split pages, recurrent
+    pages. What vLLM with patch 0002 does instead (it regroups split pages, recurrent
     layers in pairs) is the next test."""
     import vllm.v1.core.kv_cache_planning as planning
     from vllm.v1.core.kv_cache_utils import get_kv_cache_capacity
@@ -178,7 +178,7 @@ def test_seed_004_both_layouts_at_one_budget(mtp3_as_served):
 
 def test_patch_0002_regroups_the_split_pages(mtp3_as_served, split_512):
     """The term that differs between the kit's image and the qualified runtime: on the same
-    caches and budget, vLLM 0.33.0 with patch 0002 groups the split pages itself (the recurrent
+    caches and budget, vLLM with patch 0002 groups the split pages itself (the recurrent
     layers in pairs, the stride 12 target pages), so the split layout keeps about as many
     tokens as the automatic one instead of seed 004's 3.49 times fewer."""
     from tests.planner.seed_shapes import vllm_config as planner_config

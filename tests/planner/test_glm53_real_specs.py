@@ -62,7 +62,7 @@ def test_vllm_builds_three_specs_per_sparse_mla_layer(real_specs):
 
 def test_recurrent_pages_are_the_seeds(real_specs):
     """Seed 004: 'a 1,171,456-byte DFlash recurrent page' and 'the 1,122,304-byte MTP recurrent
-    page', both as vLLM 0.33.0's gated-delta layer builds them at TP4 (7 and 3 draft tokens)."""
+    page', both as vLLM's gated-delta layer builds them at TP4 (7 and 3 draft tokens)."""
     assert {s.page_size_bytes for s in by_kind(real_specs["mtp3"])["recurrent"]} == {
         1_122_304
     }
