@@ -37,10 +37,9 @@ from launch.host_facts import (
 from launch.kv_offload import (
     GIB,
     gib,
+    host_memory,
     read_host_memory,
     read_host_memory_total,
-    region_bytes,
-    vllm_shm_bytes,
 )
 from launch.profile import Profile
 from launch.settings import Settings
@@ -225,21 +224,15 @@ def check_topology(matrix: dict[str, dict[str, str]] | Unreadable, profile: Prof
 
 
 def check_host_memory_room(available: int | None, profile: Profile) -> Finding:
-    """Shared memory is host memory: vLLM's queues (and the native KV tier's region) must fit
-    in what the host can still give."""
+    """Shared memory is host memory: the rule `make up` and `launch run` apply
+    (`launch.kv_offload.HostMemory`), as a finding."""
     name = "host memory"
-    e, o = profile.engine, profile.engine.kv_offload
-    tier = region_bytes(o.size_gib) if o is not None and o.backend == "native" else 0
-    need = tier + vllm_shm_bytes(e.world_size)
     if available is None:
         return Finding(name, WARN, "cannot read /proc/meminfo", "run on the host itself")
-    seen = (f"{gib(available)} available; the server's shared memory needs {gib(need)}"
-            + (f" (the native KV tier {gib(tier)})" if tier else ""))  # fmt: skip
-    if need > available:
-        fix = (f"KV_OFFLOADING_SIZE_GB={int(max(available - need + tier, 0) // GIB)} or less, "
-               "or free host memory") if tier else "free host memory"  # fmt: skip
-        return Finding(name, FAIL, seen, fix)
-    return Finding(name, OK, seen)
+    memory = host_memory(profile.engine.kv_offload, profile.engine.world_size)
+    if memory.need > available:
+        return Finding(name, FAIL, memory.seen(available), memory.fix(available))
+    return Finding(name, OK, memory.seen(available))
 
 
 def check_shared_memory(total: int | None, profile: Profile) -> Finding:

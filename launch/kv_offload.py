@@ -12,7 +12,9 @@ feed them the profile and what they read from the host.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -48,6 +50,47 @@ def region_bytes(size_gib: float) -> int:
 
 def shm_needed_bytes(size_gib: float, world_size: int) -> int:
     return region_bytes(size_gib) + vllm_shm_bytes(world_size)
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    """The one host-memory rule (`make doctor`, `make up`, `launch run`): the server's shared
+    memory is host memory, so the native KV tier's region and vLLM's own shared memory must fit
+    in what the host (or the container's cgroup) can still give."""
+
+    tier: int
+    """The native KV tier's region, 0 without one."""
+    queues: int
+    """vLLM's own shared memory (`vllm_shm_bytes`)."""
+
+    @property
+    def need(self) -> int:
+        return self.tier + self.queues
+
+    def seen(self, available: int) -> str:
+        return (f"{gib(available)} available (MemAvailable, capped by the container's memory "
+                f"limit); the server's shared memory needs {gib(self.need)}"
+                + (f" (the native KV tier {gib(self.tier)})" if self.tier else ""))  # fmt: skip
+
+    def problem(self, available: int) -> str:
+        return (f"needs {gib(self.need)} of host memory for the server's shared memory"
+                + (f" (the native KV tier {gib(self.tier)} and vLLM's own {gib(self.queues)})"
+                   if self.tier else "")
+                + f", and this host can give {gib(available)} (MemAvailable, capped by the "
+                "container's memory limit)")  # fmt: skip
+
+    def fix(self, available: int) -> str:
+        if not self.tier:
+            return "free host memory"
+        room = max(available - self.queues, 0)
+        return f"KV_OFFLOADING_SIZE_GB={room // GIB} or less, or free host memory"
+
+
+def host_memory(offload: Any, world_size: int) -> HostMemory:
+    """What the server takes of the host's memory, for the profile's `engine.kv_offload` (None,
+    or a backend and a size in GiB: only the native backend maps its tier in /dev/shm)."""
+    native = offload is not None and offload.backend == "native"
+    return HostMemory(region_bytes(offload.size_gib) if native else 0, vllm_shm_bytes(world_size))
 
 
 _MEMINFO = re.compile(r"^(?P<key>\w+):\s+(?P<kib>\d+) kB$", re.MULTILINE)

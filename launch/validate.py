@@ -17,6 +17,7 @@ from launch.kv_offload import (
     GIB,
     OFF,
     gib,
+    host_memory,
     region_bytes,
     shm_needed_bytes,
     vllm_shm_bytes,
@@ -439,19 +440,18 @@ def check_kv_offload(p: Profile) -> None:
 
 
 def check_host_memory(p: Profile, available: int | None) -> None:
-    """At run time: the host tier must fit in the memory the host (or the container's cgroup)
-    can still give; `available` is read from /proc/meminfo and the cgroup by the caller."""
-    o = p.engine.kv_offload
-    if o is None or o.backend != "native" or available is None:
+    """At run time (`make up`, `launch run`): the server's shared memory must fit in what the
+    host can still give (`launch.kv_offload.HostMemory`, the rule `make doctor` applies too);
+    `available` is read from /proc/meminfo and the cgroup by the caller."""
+    if available is None:
         return
-    need = region_bytes(o.size_gib)
-    if need > available:
-        raise UsageError(
-            "engine.kv_offload.size_gib", o.size_gib,
-            f"needs {gib(need)} of host memory for the native KV tier, and this host can give "
-            f"{gib(available)} (MemAvailable, capped by the container's memory limit)",
-            f"KV_OFFLOADING_SIZE_GB={int(available // GIB)} or less, or free host memory",
-        )  # fmt: skip
+    memory = host_memory(p.engine.kv_offload, p.engine.world_size)
+    if memory.need > available:
+        o = p.engine.kv_offload
+        raise UsageError("engine.kv_offload.size_gib" if memory.tier else "host memory",
+                         o.size_gib if memory.tier and o else gib(memory.need),
+                         memory.problem(available),
+                         memory.fix(available))  # fmt: skip
 
 
 def check_tool_choice(p: Profile) -> None:

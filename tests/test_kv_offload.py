@@ -17,6 +17,7 @@ from launch.kv_offload import (
     GIB,
     MQ_CHUNK_BYTES,
     MQ_CHUNKS,
+    host_memory,
     mem_available_bytes,
     read_host_memory,
 )
@@ -104,7 +105,7 @@ def test_bad_mode_and_size_name_the_field_and_the_fix():
     assert "vram, lmcache, native" in err.value.fix
     with pytest.raises(UsageError) as err:
         plan("mtp3-tp4-split", {"CACHE_MODE": "native", "KV_OFFLOADING_SIZE_GB": "0"})
-    assert err.value.field == "engine.kv_offload.size_gib"
+    assert err.value.field == "environment KV_OFFLOADING_SIZE_GB (engine.kv_offload.size_gib)"
 
 
 def test_offload_flags_in_extra_args_point_at_the_profile_setting():
@@ -132,8 +133,10 @@ def test_host_memory_is_read_from_this_host_and_a_tier_too_large_is_refused():
                                 "SHM_SIZE_GIB": "100010"}).profile  # fmt: skip
     with pytest.raises(UsageError) as err:
         check_host_memory(p, available)
+    need = host_memory(p.engine.kv_offload, p.engine.world_size).need
     assert f"this host can give {available / GIB:.2f} GiB" in err.value.rule
-    assert "needs 100000.00 GiB" in err.value.rule
+    assert f"needs {need / GIB:.2f} GiB of host memory" in err.value.rule
+    assert "(the native KV tier 100000.00 GiB and vLLM's own" in err.value.rule
     check_host_memory(p, 200_000 * GIB)  # enough memory: no refusal
 
 
@@ -151,9 +154,9 @@ def test_launch_run_refuses_a_tier_larger_than_host_memory_with_exit_2(tmp_path)
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
                          check=False)  # fmt: skip
     assert out.returncode == 2, out.stderr
-    assert "error: engine.kv_offload.size_gib=100000.0: needs 100000.00 GiB of host memory" in (
+    assert "error: engine.kv_offload.size_gib=100000.0: needs 100002.41 GiB of host memory" in (
         out.stderr
-    )
+    )  # the tier and vLLM's own shared memory at TP4 (launch.kv_offload.vllm_shm_bytes)
 
 
 def test_lmcache_is_refused_where_the_image_does_not_provide_it(capsys):
@@ -303,3 +306,20 @@ def receipt_limitations(receipt: dict) -> list[str]:
     from smoke.bench.receipt import limitations
 
     return limitations(receipt)
+
+
+@pytest.mark.parametrize("tier_gib", ["48", None])
+def test_doctor_and_up_apply_one_host_memory_rule(tier_gib):
+    """`make doctor` fails exactly the hosts `make up` and `launch run` refuse, with the same fix:
+    the native tier and vLLM's own shared memory, against what the host can give."""
+    from launch.doctor import FAIL, OK, check_host_memory_room
+
+    sets = {"CACHE_MODE": "native", "KV_OFFLOADING_SIZE_GB": tier_gib} if tier_gib else {}
+    p = plan("mtp3-tp4-split", sets).profile
+    need = host_memory(p.engine.kv_offload, p.engine.world_size).need
+    check_host_memory(p, need)  # exactly enough: both pass
+    assert check_host_memory_room(need, p).status == OK
+    with pytest.raises(UsageError) as refused:
+        check_host_memory(p, need - 1)
+    finding = check_host_memory_room(need - 1, p)
+    assert finding.status == FAIL and finding.fix == refused.value.fix
