@@ -75,9 +75,14 @@ def question_for(plan: Plan, budgets: Budgets, for_requests: tuple[int, int] | N
                     for_requests, largest_context)  # fmt: skip
 
 
+CACHE_VAR = "KIT_CACHE_DIR"
+"""Where the kit keeps what it can ask again (default: $XDG_CACHE_HOME/glm53-kit, else
+~/.cache/glm53-kit); the tests point it at a directory of their own."""
+
+
 def cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "glm53-kit" / "capacity"
+    return Path(os.environ.get(CACHE_VAR) or Path(base) / "glm53-kit") / "capacity"
 
 
 def cache_key(question: Question, image: str) -> str:
@@ -266,9 +271,10 @@ def start_question(plan: Plan) -> tuple[Budgets, Question]:
     return budgets, question_for(plan, budgets, wanted, seqs or 0)
 
 
-def predict_start(plan: Plan, image: str) -> StartPrediction:
-    """The start's prediction from the cache, else from `image` when this host has it (a start
-    that must pull it first is not held up by a pull of its own)."""
+def predict_start(plan: Plan, image: str, cached_only: bool = False) -> StartPrediction:
+    """The start's prediction from the cache, else (unless `cached_only`: a dry run) from
+    `image` when this host has it (a start that must pull it first is not held up by a pull of
+    its own)."""
     from launch.docker_api import connect, engine_errors, local_image_id
 
     budgets, question = start_question(plan)
@@ -276,6 +282,9 @@ def predict_start(plan: Plan, image: str) -> StartPrediction:
     hit = cached_answer(image, question)
     if hit is not None:
         return StartPrediction(image, budgets, hit, True, seqs)
+    if cached_only:
+        raise NotPredicted(f"no cached answer for this configuration in {image}; a start asks "
+                           "the image (`make capacity` asks it now), a dry run does not")
     try:
         if local_image_id(connect("start the Docker engine"), image) is None:
             raise NotPredicted(f"{image} is not on this host yet (`make capacity` pulls it)")

@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -43,7 +44,9 @@ def hermetic_settings(tmp_path_factory: pytest.TempPathFactory,
     compose/.env (which the quick start has every user write) or a shell's overrides: the
     settings file is a fresh path (absent until a test writes it) and the lock a copy of the
     tracked one, and the secret files fresh paths too. Subprocesses inherit them through
-    KIT_ENV_FILE, KIT_IMAGES_LOCK, KIT_API_KEY_FILE and HF_TOKEN_PATH."""
+    KIT_ENV_FILE, KIT_IMAGES_LOCK, KIT_API_KEY_FILE and HF_TOKEN_PATH. The kit's cache of
+    answers (`make capacity`'s) is the test's own too (KIT_CACHE_DIR), never the user's."""
+    from launch.capacity import CACHE_VAR
     from launch.compose_env import ENV_FILE_VAR
     from launch.image_lock import COMPOSE_DIR, LOCK_VAR
     from launch.overrides import ENV_OVERRIDES
@@ -58,7 +61,59 @@ def hermetic_settings(tmp_path_factory: pytest.TempPathFactory,
     # the secret files: the test's own (absent until a test writes them), never compose/secrets
     monkeypatch.setenv(SECRET_FILE_VARS[0], str(home / "vllm_api_key"))
     monkeypatch.setenv(SECRET_FILE_VARS[1], str(home / "hf_token"))
+    monkeypatch.setenv(CACHE_VAR, str(home / "cache"))
     return home
+
+
+class EngineSocketGuard:
+    """A Unix socket that answers every connection with an HTTP 503 and counts it: what a unit
+    test (and every process it starts) reaches instead of the Docker engine, through DOCKER_HOST."""
+
+    def __init__(self, path: Path) -> None:
+        import socketserver
+        import threading
+
+        self.connections = 0
+        guard = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                guard.connections += 1
+                self.request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
+                                     b"Connection: close\r\n\r\n")  # fmt: skip
+
+        self.server = socketserver.ThreadingUnixStreamServer(str(path), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(autouse=True)
+def no_docker_engine(request: pytest.FixtureRequest,
+                     monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:  # fmt: skip
+    """A unit test never reaches the Docker engine: DOCKER_HOST points at `EngineSocketGuard`,
+    and a test that connected fails. Only the tests of the `DOCKER_ENGINE` group (and the e2e
+    steps, which are not unit tests) use the real engine."""
+    groups = [m.args[0] for m in request.node.iter_markers("xdist_group") if m.args]
+    if DOCKER_ENGINE_GROUP in groups:
+        yield
+        return
+    # a short path: a Unix socket's path has at most 107 bytes
+    sock = Path(tempfile.mkdtemp(prefix="kit-engine-", dir="/tmp")) / "docker.sock"
+    guard = EngineSocketGuard(sock)
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{sock}")
+    try:
+        yield
+    finally:
+        guard.close()
+        shutil.rmtree(sock.parent, ignore_errors=True)
+    assert guard.connections == 0, (
+        f"{request.node.nodeid} connected to the Docker engine {guard.connections} time(s); a "
+        "test that needs it belongs to the DOCKER_ENGINE group (tests/conftest.py)"
+    )
 
 
 def launch_cli(*args: str, env: Mapping[str, str] | None = None
@@ -89,7 +144,8 @@ def plan_of(name: str, environ: Mapping[str, str] | None = None, sets: Sequence[
 # (`make test` sets KIT_PATCHED_VLLM and PYTHONPATH); one process cannot import two vLLMs.
 collect_ignore = [] if os.environ.get("KIT_PATCHED_VLLM") else ["planner"]
 
-DOCKER_ENGINE = pytest.mark.xdist_group("docker-engine")
+DOCKER_ENGINE_GROUP = "docker-engine"
+DOCKER_ENGINE = pytest.mark.xdist_group(DOCKER_ENGINE_GROUP)
 """For a module whose tests change what the one Docker engine holds (volumes of the compose
 project, image builds, registry pushes). `make test` spreads the tests over the cores
 (pytest-xdist, `--dist loadgroup`: one test at a time to whichever worker is free); the tests of

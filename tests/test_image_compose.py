@@ -223,3 +223,28 @@ def test_every_profile_names_an_image_source_in_the_lock():
 
     for name in profile_names():
         assert SOURCES[load(name).profile.deployment.image] in read_lock()
+
+
+def test_up_dry_run_starts_no_container_and_says_what_it_would_predict():
+    """`make up --dry-run` with no cached answer asks no image: the Docker engine it would use
+    is `EngineSocketGuard` (tests/conftest.py), which counts every connection of this process
+    tree and fails the test on one; it says what a start would ask. With the answer cached (a
+    real one, recorded from the CPU image by `make e2e`), it prints the prediction from the
+    cache, still without the engine."""
+    from launch.capacity import cache_dir, cache_key, start_question
+    from launch.plan import plan_for
+    from launch.settings import Settings
+    from tests.conftest import launch_cli
+
+    answer = json.loads((REPO / "tests/fixtures/capacity/cpu-tiny.json").read_text())
+    env = {"IMAGE": answer["image"]}
+    asked = launch_cli("up", "cpu-tiny", "--dry-run", env=env)
+    assert asked.returncode == 0, asked.stderr
+    assert (f"capacity: not predicted: no cached answer for this configuration in "
+            f"{answer['image']}") in asked.stderr  # fmt: skip
+    _, question = start_question(plan_for(Settings({}, env, ()), "cpu-tiny"))
+    cache_dir().mkdir(parents=True)
+    (cache_dir() / f"{cache_key(question, answer['image'])}.json").write_text(json.dumps(answer))
+    cached = launch_cli("up", "cpu-tiny", "--dry-run", env=env)
+    assert cached.returncode == 0, cached.stderr
+    assert "capacity predicted by vLLM 0.32.0 in the image, cached" in cached.stdout

@@ -24,10 +24,10 @@ BAD_INPUTS = [
     ("cpu-tiny", {"VLLM_EXTRA_ARGS": "--max-num-seqs 4"}, [], "set engine.max_num_seqs instead"),
     ("mtp3", {}, [], "is not a shipped profile. Fix: did you mean 'mtp3-tp4-split'?"),
     ("dflash-tp4-dcp4", {}, ["MAX_NUM_SEQ=16"], "Fix: did you mean 'MAX_NUM_SEQS'?"),
-    ("dflash-tp4-dcp4", {"MAX_MODEL_LEN": "1.5K"}, [], "is not a size vLLM or the kit reads. "
+    ("dflash-tp4-dcp4", {"MAX_MODEL_LEN": "1.5K"}, [], "is not a count vLLM reads. "
      "Fix: give a whole number: 262144, 256K (x 1024) or 262k (x 1000)"),
-    ("cpu-tiny", {"KV_CACHE_MEMORY": "12 GB"}, [], "Fix: give a byte count: 12884901888, 12G or "
-     "12GiB or 12 GiB (x 2^30)"),
+    ("cpu-tiny", {"KV_CACHE_MEMORY": "12 XB"}, [], "KV_CACHE_MEMORY (engine.kv_cache_memory_bytes)"
+     "='12 XB': is not a size. Fix: e.g. KV_CACHE_MEMORY=12GiB"),
     ("cpu-tiny", {"MODEL_REVISION": "a" * 40}, [], "has no meaning for a model directory"),
     ("cpu-tiny", {}, ["deployment.device=tpu"], "deployment.device='tpu': is not a device"),
     ("dflash-tp4-dcp4", {"DCP": "3"}, [], "engine.decode_context_parallel_size=3"),

@@ -25,7 +25,7 @@ import zipfile
 import pytest
 
 from kvgeometry.glm53_specs import MLA_SHAPE, RUNTIME_LATENT_BYTES, text_config
-from launch.capabilities import LATENT_FIGURES, requirements, resolve
+from launch.capabilities import requirements, resolve
 from launch.deviations import NotChecked
 from launch.errors import UsageError
 from launch.loader import load
@@ -144,16 +144,17 @@ def backend_fallback_plan(install: VllmInstall):
     return assemble(loaded, only_backends)
 
 
-def test_the_sm120_latent_of_0_34_keeps_page_and_capacity_checks(pristine):
+def test_the_sm120_latent_of_0_34_keeps_the_page_checks(pristine):
     """vLLM 0.34.0's SM120 sparse-MLA backend stores GLM-5.3's latent in the runtime's 528-byte
-    row, so the profile's 270,336-byte latent page and seed 004's capacity still hold."""
+    row, so the profile's 270,336-byte latent page still holds; the capacity figures are the
+    runtime's (its stride has no 64-row alignment) and are dropped."""
     assert pristine.sm120_sparse_mla_row_bytes(*MLA_SHAPE) == RUNTIME_LATENT_BYTES
     plan = backend_fallback_plan(pristine)
     assert plan.profile.expect.page_bytes["latent"] == 512 * RUNTIME_LATENT_BYTES
-    assert plan.profile.expect.kv_cache_tokens_min == 1_265_215
-    assert NotChecked("backends", "fallback attention_backend") in plan.deviations
-    assert not [d for d in plan.deviations
-                if isinstance(d, NotChecked) and d.key in LATENT_FIGURES]  # fmt: skip
+    assert NotChecked("page_bytes", "fallback attention_backend") not in plan.deviations
+    assert plan.profile.expect.kv_cache_tokens_min is None
+    assert {d.key for d in plan.deviations if isinstance(d, NotChecked)} >= {
+        "backends", "kv_cache_tokens_min", "max_concurrency_min"}
 
 
 def test_the_latent_of_0_33_drops_page_and_capacity_checks(previous):

@@ -47,13 +47,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
-def check_capacity(plan: Plan, settings: Settings) -> None:
+def check_capacity(plan: Plan, settings: Settings, dry_run: bool = False) -> None:
     """The predicted KV cache (`launch.capacity`): a start the engine would refuse exits 2 here
     with both fixes, before compose/.env is written or compose runs; a cache that holds fewer
-    than max_num_seqs requests is a warning; no prediction is said, and the start goes on."""
+    than max_num_seqs requests is a warning; no prediction is said, and the start goes on. A
+    dry run asks the cache only: it says what it would ask when no answer is cached, and starts
+    no container."""
     image = resolve_image(plan.profile.deployment.image, settings.merged)
     try:
-        predicted = predict_start(plan, image)
+        predicted = predict_start(plan, image, cached_only=dry_run)
     except NotPredicted as why:
         print(f"capacity: not predicted: {why}", file=sys.stderr, flush=True)
         return
@@ -68,7 +70,7 @@ def check_capacity(plan: Plan, settings: Settings) -> None:
 def run(args: argparse.Namespace) -> int:
     settings = read_settings(args.sets)
     plan = plan_for(settings, args.profile)
-    check_capacity(plan, settings)
+    check_capacity(plan, settings, dry_run=args.dry_run)
     result = configure(plan, settings, args.gpu_sets, args.replicas,
                        monitoring=args.monitoring,
                        gpu_exporter=args.monitoring and nvidia_runtime())
