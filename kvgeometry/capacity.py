@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import socket
 import sys
 import tempfile
 from collections.abc import Callable
@@ -30,11 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from kvgeometry.engine_plan import EnginePlan, Refused, engine_plan
+from kvgeometry.glm53_specs import GLM53
+from kvgeometry.localhost import free_port
 
 UNSUPPORTED_EXIT = 2
 ANSWER = "KIT-CAPACITY "
 """The answer's line on stdout (vLLM logs to stdout too)."""
-GLM53 = "Glm5NextForConditionalGeneration"
 SPLIT_TARGET = "VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE"
 
 
@@ -87,12 +87,6 @@ def engine_args(argv: tuple[str, ...]) -> Any:
     return AsyncEngineArgs.from_cli_args(serve_args(argv))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def model_specs(argv: tuple[str, ...]) -> tuple[Any, dict[str, Any]]:
     """The config vLLM makes of `argv` and the specs its model runner collects from the model
     built on the meta device (one rank: the model's layers, no weights)."""
@@ -108,7 +102,7 @@ def model_specs(argv: tuple[str, ...]) -> tuple[Any, dict[str, Any]]:
             "the kit builds one rank of a model from its checkpoint (GLM-5.3 from its layers)"
         )
     with set_current_vllm_config(config):
-        address = f"tcp://127.0.0.1:{_free_port()}"
+        address = f"tcp://127.0.0.1:{free_port()}"
         init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
                                      distributed_init_method=address)  # fmt: skip
         initialize_model_parallel(1)

@@ -40,7 +40,6 @@ import argparse
 import dataclasses
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import types
@@ -48,6 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+
+from kvgeometry.localhost import free_port
 
 GLM53 = "Glm5NextForConditionalGeneration"
 INDEX_KPOOL = 4
@@ -269,9 +270,7 @@ def build_rank(shape: Shape, rank: int, port: int) -> dict[str, Any]:
 
 def build(shape: Shape, work: Path) -> dict[str, Any]:
     """Run one process per TP rank and return rank 0's specs (layer name -> KVCacheSpec)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     out = work / ("specs-" + "-".join(str(v) for v in dataclasses.astuple(shape)) + ".pkl")
     argv = [sys.executable, "-m", "kvgeometry.glm53_specs", "--tp", str(shape.tp), "--dcp",
             str(shape.dcp), "--spec-tokens", str(shape.spec_tokens), "--block",

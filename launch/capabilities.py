@@ -19,12 +19,12 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvgeometry.glm53_specs import MLA_SHAPE, RUNTIME_LATENT_BYTES
+from kvgeometry.glm53_specs import GLM53, MLA_SHAPE, RUNTIME_LATENT_BYTES
 from launch.deviations import expect_key
 from launch.errors import UsageError
 from launch.feature_env import FEATURE_ENV, SPLIT_ENV, feature_env, split_env
 from launch.kv_offload import OFF
-from launch.profile import GLM53_ARCHITECTURE, Profile
+from launch.profile import Profile
 from launch.vllm_install import VllmInstall
 
 
@@ -117,7 +117,7 @@ def _same_latent(p: Profile) -> Callable[[VllmInstall], tuple[str, ...]]:
     on the kit's image `make smoke` checks the capacity `make capacity` predicts instead."""
 
     def keeps(v: VllmInstall) -> tuple[str, ...]:
-        if p.architecture != GLM53_ARCHITECTURE or p.engine.kv_cache_dtype not in FP8_LATENT:
+        if p.architecture != GLM53 or p.engine.kv_cache_dtype not in FP8_LATENT:
             return ()
         if v.sm120_sparse_mla_row_bytes(*MLA_SHAPE) != RUNTIME_LATENT_BYTES:
             return ()

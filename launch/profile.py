@@ -14,7 +14,6 @@ from typing import Any
 
 from launch.kv_offload import OFF
 
-GLM53_ARCHITECTURE = "Glm5NextForConditionalGeneration"
 STRICT: dict[str, Any] = {"extra": "forbid"}
 """pydantic's config of every model dataclass (launch.schema validates with pydantic): a key the
 dataclass does not have is refused, never ignored."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from kvgeometry.glm53_specs import GLM53
 from launch.errors import UsageError
 from launch.gpus import example_gpus, gpu_list_problem
 from launch.image_lock import SOURCES as IMAGE_SOURCES
@@ -23,7 +24,7 @@ from launch.kv_offload import (
     vllm_shm_bytes,
 )
 from launch.overrides import ENV_OVERRIDES
-from launch.profile import GLM53_ARCHITECTURE, Profile
+from launch.profile import Profile
 from launch.render import rendered_flags
 from launch.vllm_vocab import (
     CUDAGRAPH_MODES,
@@ -285,11 +286,11 @@ def check_split_pages(p: Profile) -> None:
             "align-mode split uses one block size for both",
             f"set VLLM_GLM53_SPLIT_MAMBA_BLOCK_SIZE={split.target_block_size}",
         )
-    if p.architecture != GLM53_ARCHITECTURE:
+    if p.architecture != GLM53:
         raise UsageError(
             "architecture",
             p.architecture,
-            f"split pages exist only for {GLM53_ARCHITECTURE}",
+            f"split pages exist only for {GLM53}",
             "remove features.split_pages",
         )
     if p.engine.mamba_cache_mode != "align":

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,6 +16,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 import requests
+
+from kvgeometry.localhost import free_port
 
 if TYPE_CHECKING:
     from launch.plan import Plan
@@ -98,7 +99,7 @@ def no_docker_engine(request: pytest.FixtureRequest,
     and a test that connected fails. Only the tests of the `DOCKER_ENGINE` group (and the e2e
     steps, which are not unit tests) use the real engine."""
     groups = [m.args[0] for m in request.node.iter_markers("xdist_group") if m.args]
-    if DOCKER_ENGINE_GROUP in groups:
+    if DOCKER_ENGINE_GROUP in groups or "engine_unreachable" in request.fixturenames:
         yield
         return
     # a short path: a Unix socket's path has at most 107 bytes
@@ -114,6 +115,14 @@ def no_docker_engine(request: pytest.FixtureRequest,
         f"{request.node.nodeid} connected to the Docker engine {guard.connections} time(s); a "
         "test that needs it belongs to the DOCKER_ENGINE group (tests/conftest.py)"
     )
+
+
+@pytest.fixture
+def engine_unreachable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """For a test of a command that asks the Docker engine when it can (`make doctor`, the soak
+    finding its server's port, a compose deployment's checks): it runs as on a host whose engine
+    does not answer, DOCKER_HOST naming a socket that does not exist, so no test reaches one."""
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
 
 
 def launch_cli(*args: str, env: Mapping[str, str] | None = None
@@ -171,13 +180,6 @@ def vllm_line(message: str, source: str, process: str = "EngineCore pid=9",
               level: str = "INFO") -> str:
     """One line as vLLM's logger prints `message` from `source` (file.py:line)."""
     return f"({process}) {level} 12-01 02:46:21 [{source}] {message}"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

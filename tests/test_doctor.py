@@ -36,6 +36,7 @@ def smi(name: str):
     return parse_nvidia_smi((HOST / name).read_text(), name)
 
 
+@pytest.mark.usefixtures("engine_unreachable")
 def test_this_machine_as_nvml_sees_it(capsys):
     """Whatever host runs the tests: NVML's real answer here (nvidia-ml-py; no driver on the CI
     machines, four RTX PRO 6000s on the kit's own host) judged by the same rules, is what the
@@ -128,6 +129,7 @@ def test_the_private_shm_must_fit_in_the_hosts_memory():
     assert check_shared_memory(None, MTP3).status == WARN
 
 
+@pytest.mark.usefixtures("engine_unreachable")
 def test_recorded_outputs_through_the_command(capsys):
     argv = ["doctor", "mtp3-tp4-split",
             "--nvidia-smi", str(HOST / "nvidia-smi-580-2x-a100.txt"),

@@ -133,6 +133,7 @@ def test_the_secret_file_variables_are_the_kits():
     assert SECRET_FILE_VARS == (KEY_FILE_VAR, "HF_TOKEN_PATH")
 
 
+@pytest.mark.usefixtures("engine_unreachable")
 @pytest.mark.parametrize("name", ["VLLM_API_KEY", "HF_TOKEN"])
 def test_a_secret_in_compose_env_is_refused_before_anything_is_written(hermetic_settings, name):
     """compose passes compose/.env to the container as its environment, which `docker inspect`
@@ -149,6 +150,7 @@ def test_a_secret_in_compose_env_is_refused_before_anything_is_written(hermetic_
     assert env_file.read_text() == f"{name}=s3cret\n"  # nothing written
 
 
+@pytest.mark.usefixtures("engine_unreachable")
 def test_the_server_refuses_a_secret_in_its_environment():
     """Inside the container (`launch run`): a key that reached the environment anyway (compose
     run by hand with an old compose/.env) stops the start, exit 2, nothing started."""
@@ -157,6 +159,7 @@ def test_the_server_refuses_a_secret_in_its_environment():
     assert "vllm serve" not in done.stderr and "s3cret" not in done.stderr
 
 
+@pytest.mark.usefixtures("engine_unreachable")
 def test_a_wide_bind_needs_a_key(hermetic_settings):
     done = launch_cli("configure", "cpu-tiny", "--dry-run", env={"BIND_ADDRESS": "0.0.0.0"})
     assert done.returncode == 2

@@ -46,6 +46,7 @@ def test_render_compose_publishes_host_port_and_bind_address_from_compose_env(en
     assert services["vllm-0"]["ports"] == ["0.0.0.0:9101:8000"]
 
 
+@pytest.mark.usefixtures("engine_unreachable")
 def test_image_from_compose_env_reaches_configure_render_and_the_plan(env_file):
     """Before, `render --format k8s` took IMAGE from the environment only."""
     env_file(f"IMAGE={OTHER_IMAGE}")
@@ -59,6 +60,7 @@ def test_image_from_compose_env_reaches_configure_render_and_the_plan(env_file):
         f"qualified-split (IMAGE from the environment or compose/.env): {OTHER_IMAGE}")
 
 
+@pytest.mark.usefixtures("engine_unreachable")
 def test_doctor_checks_the_host_port_compose_will_publish(env_file):
     """Before, the doctor checked the profile's in-container port (8000), not HOST_PORT."""
     env_file("HOST_PORT=9137")
@@ -99,6 +101,7 @@ PLANNING_TESTS = ("tests/test_profiles.py", "tests/test_validation.py",
                   "tests/test_compose_env.py", "tests/test_glm_api.py")  # fmt: skip
 
 
+@pytest.mark.usefixtures("engine_unreachable")
 def test_the_planning_tests_pass_with_a_users_compose_env_present(tmp_path):
     """The suite's planning tests in a copy of the checkout whose compose/.env holds a user's
     overrides (before: 26 of them failed with MAX_NUM_SEQS=7 and HOST_PORT=9000 there)."""

@@ -226,6 +226,7 @@ def test_waiting_prints_elapsed_time_and_last_log_line(tmp_path, capsys):
         ["geometry", "--log", "/nonexistent/server.log"],
     ],
 )
+@pytest.mark.usefixtures("engine_unreachable")
 def test_bad_usage_exits_2(argv, capsys, monkeypatch):
     monkeypatch.delenv("PROFILE", raising=False)
     assert main(argv) == 2

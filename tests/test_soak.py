@@ -32,6 +32,7 @@ def soak(url: str, out, *extra: str) -> int:
                  "--max-tokens", "40", *extra])  # fmt: skip
 
 
+@pytest.mark.usefixtures("engine_unreachable")
 def test_a_soak_prints_a_line_per_interval_and_passes(tmp_path, capsys):
     out = tmp_path / "soak.json"
     with standin() as url:
@@ -51,6 +52,7 @@ def test_a_soak_prints_a_line_per_interval_and_passes(tmp_path, capsys):
     assert receipt["kind"] == "glm53-kit-soak-receipt" and receipt["plan"]["profile"] == "cpu-tiny"
 
 
+@pytest.mark.usefixtures("engine_unreachable")
 def test_failed_requests_fail_the_soak(tmp_path, capsys):
     out = tmp_path / "soak.json"
     with standin("--fail-every", "7") as url:
@@ -60,6 +62,7 @@ def test_failed_requests_fail_the_soak(tmp_path, capsys):
     assert "HTTP 500" in capsys.readouterr().out
 
 
+@pytest.mark.usefixtures("engine_unreachable")
 def test_rss_growth_past_the_bound_fails_the_soak(tmp_path, capsys):
     """The stand-in keeps 256 KiB per request: its RSS grows by tens of MiB in the soak."""
     out = tmp_path / "soak.json"

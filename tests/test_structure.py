@@ -66,3 +66,12 @@ def test_the_checker_finds_both_forms():
         ]
     finally:
         sample.unlink()
+
+
+README_LINES = 160
+"""The quick start's reader reads README.md whole; more detail goes to docs/."""
+
+
+def test_the_readme_fits_its_reader():
+    lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= README_LINES, f"README.md has {len(lines)} lines; move detail to docs/"
