@@ -39,6 +39,18 @@ MONITORING_SOURCES = {"prometheus": "PROMETHEUS_IMAGE", "grafana": "GRAFANA_IMAG
                       "dcgm-exporter": "DCGM_EXPORTER_IMAGE"}  # fmt: skip
 """The monitoring compose profiles' images -> lock key (compose/compose.yaml reads the keys)."""
 PIN_KEYS = {**SOURCES, "base": "BASE_IMAGE", "cpu-base": "CPU_BASE_IMAGE", **MONITORING_SOURCES}
+MAKE_FIRST = {
+    "kit": "build the CUDA image first (`make build TAG=glm53-kit:local`, docs/images.md: its "
+           "Debian 13 base, then the build), or run the profile on its qualified runtime with "
+           "IMAGE_SOURCE=qualified",
+    "cpu": "build the CPU image first (`make build-cpu TAG=glm53-kit-cpu:local`, docs/images.md: "
+           "its Debian 12 base, then the build)",
+    "base": "make the Debian 13 base first (`python docker/debian_base.py --engine cuda --tag "
+            "REPO:TAG --push`)",
+    "cpu-base": "make the Debian 12 base first (`python docker/debian_base.py --engine cpu --tag "
+                "REPO:TAG --push`)",
+}
+"""For a source whose image the kit makes: what makes it, said before the pin that follows."""
 """Everything `make pin` can write: the profile images, the builds' base images and the
 monitoring profiles' images."""
 DIGEST_REF = re.compile(
@@ -133,8 +145,10 @@ def resolve_image(
     field, fix = (
         (override_var, f"set {override_var}=repo@sha256:<digest>, or unset it to use the lock")
         if override
-        else (key, f"run `make pin IMAGE=repo:tag SOURCE={source}` to write the digest into "
-              f"{path.name}")
+        else (key, (f"{MAKE_FIRST[source]}; then " if source in MAKE_FIRST else "")
+              + f"run `make pin IMAGE=repo:tag SOURCE={source}` to write the digest into "
+              f"{path.name}" + (" (LOCAL=1 for an image only on this engine)"
+                                if source in SOURCES else ""))
     )  # fmt: skip
     if not ref:
         raise UsageError(field, ref, "has no image digest", fix)

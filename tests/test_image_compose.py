@@ -207,7 +207,8 @@ def test_up_refuses_a_lock_without_a_digest(capsys, monkeypatch):
     assert read_lock()["KIT_IMAGE"] == ""
     assert main(["up", "mtp3-tp4-split", "--dry-run"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: KIT_IMAGE='': has no image digest. Fix: run `make pin")
+    assert err.startswith("error: KIT_IMAGE='': has no image digest. Fix: build the CUDA image")
+    assert "then run `make pin IMAGE=repo:tag SOURCE=kit`" in err
 
 
 def test_up_refuses_a_tag_as_image(capsys, monkeypatch):
@@ -248,3 +249,24 @@ def test_up_dry_run_starts_no_container_and_says_what_it_would_predict():
     cached = launch_cli("up", "cpu-tiny", "--dry-run", env=env)
     assert cached.returncode == 0, cached.stderr
     assert "capacity predicted by vLLM 0.32.0 in the image, cached" in cached.stdout
+
+
+@pytest.mark.parametrize(("profile", "image_source", "makes"), [
+    ("cpu-tiny", None, "`make build-cpu TAG=glm53-kit-cpu:local`"),
+    ("mtp3-tp4-split", "kit", "`make build TAG=glm53-kit:local`"),
+])  # fmt: skip
+def test_an_unpinned_image_names_the_command_that_makes_one(capsys, monkeypatch, profile,
+                                                            image_source, makes):  # fmt: skip
+    """`make up` on a fresh checkout: the lock has no digest for the kit's own images yet, and
+    the error says how to make one before how to pin it."""
+    from launch.__main__ import main
+
+    monkeypatch.delenv("IMAGE", raising=False)
+    if image_source:
+        monkeypatch.setenv("IMAGE_SOURCE", image_source)
+    assert main(["up", profile, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "has no image digest. Fix: build the" in err and makes in err
+    assert "then run `make pin IMAGE=repo:tag SOURCE=" in err and "LOCAL=1" in err
+    if image_source == "kit":
+        assert "IMAGE_SOURCE=qualified" in err
