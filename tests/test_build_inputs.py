@@ -6,6 +6,7 @@ one of its layers, read both ways the check reads layers (the engine's overlay2 
 from __future__ import annotations
 
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,9 @@ def test_a_wheel_left_in_an_earlier_layer_is_found(tmp_path: Path, source: str,
     (context / "Dockerfile").write_text(
         "FROM scratch\nCOPY torch-0-py3-none-any.whl /tmp/\nCOPY Dockerfile /marker\n"
     )
-    tag = f"kit-test-layers:{tmp_path.name.lower()[-20:]}"
+    # a tag of its own: the two parametrizations build the same content, and a tag both used
+    # (tmp_path's name is the same in two workers) was removed by one while the other read it
+    tag = f"kit-test-layers:{uuid.uuid4().hex[:16]}"
     built = subprocess.run(["docker", "build", "--quiet", "--tag", tag, str(context)],
                            capture_output=True, text=True, timeout=300, check=False,
                            env={"DOCKER_BUILDKIT": "0", "PATH": "/usr/bin:/bin"})  # fmt: skip
