@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-GIB = 1 << 30
-MIB = 1 << 20
+from launch.sizes import GIB, MIB
+
 OFFLOAD_FLAGS = {"--kv-offloading-backend": "backend", "--kv-offloading-size": "size_gib"}
 """vLLM's flags for the host tier -> the `engine.kv_offload` field each renders from."""
 OFF = "vram"
