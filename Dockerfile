@@ -52,6 +52,7 @@ RUN /opt/kit/docker/engine/install-${ENGINE}.sh
 COPY launch /opt/kit/launch
 COPY smoke /opt/kit/smoke
 COPY kvgeometry /opt/kit/kvgeometry
+COPY capacity /opt/kit/capacity
 COPY docker/*.py /opt/kit/docker/
 RUN python /opt/kit/docker/source_lock.py --engine "${ENGINE}" --base "${BASE_IMAGE}" \
       --commit "${KIT_COMMIT}" --write /opt/kit/source.lock --expect-sha256 "${SOURCE_LOCK_SHA256}" \

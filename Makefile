@@ -51,7 +51,7 @@ $(KIT_STAMP): pyproject.toml
 	touch $@
 
 lint: $(TEST_STAMP)
-	$(TEST_PY) -m ruff check launch smoke kvgeometry tests patches docker
+	$(TEST_PY) -m ruff check launch smoke kvgeometry capacity tests patches docker
 
 # The kit's tests (pristine vLLM where vLLM is used) spread over TEST_WORKERS processes (more
 # than two cores: many tests wait on a server or a timeout; the Docker engine's tests go to one

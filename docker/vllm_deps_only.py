@@ -33,7 +33,7 @@ from pathlib import Path
 from packaging.markers import UndefinedEnvironmentName
 from packaging.requirements import InvalidRequirement, Requirement
 
-KIT_PACKAGES = frozenset({"launch", "kvgeometry"})
+KIT_PACKAGES = frozenset({"launch", "kvgeometry", "capacity"})
 """The kit's own packages on the run path (mounted at /opt/kit in a qualified runtime)."""
 
 

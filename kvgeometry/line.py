@@ -99,6 +99,15 @@ class KVGeometry:
                 "page_bytes": self.page_bytes, "layers": self.layers,
                 "cp_sizes": list(self.cp_sizes)}  # fmt: skip
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> KVGeometry:
+        """`to_json`'s output read back (its derived per-role keys are recomputed)."""
+        names = {f.name for f in fields(GeometryGroup)}
+        groups = tuple(GeometryGroup(**{k: v for k, v in g.items() if k in names})
+                       for g in data["groups"])  # fmt: skip
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name != "groups"},
+                   groups=groups)
+
     def line(self) -> str:
         """The line the plugin logs for this geometry."""
         head = " ".join(f"{key}={_shown(getattr(self, name))}" for name, key in _HEAD)

@@ -19,10 +19,10 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvgeometry.glm53_specs import GLM53, MLA_SHAPE, RUNTIME_LATENT_BYTES
 from launch.deviations import expect_key
 from launch.errors import UsageError
 from launch.feature_env import FEATURE_ENV, SPLIT_ENV, feature_env, split_env
+from launch.glm53 import GLM53, MLA_SHAPE, RUNTIME_LATENT_BYTES
 from launch.kv_offload import OFF
 from launch.profile import Profile
 from launch.vllm_install import VllmInstall

@@ -35,7 +35,6 @@ from launch.host_facts import (
     run_tool,
 )
 from launch.kv_offload import (
-    GIB,
     gib,
     host_memory,
     read_host_memory,
@@ -43,6 +42,7 @@ from launch.kv_offload import (
 )
 from launch.profile import Profile
 from launch.settings import Settings
+from launch.sizes import GIB, MIB
 from launch.weights import weight_repos
 
 HUB = "https://huggingface.co"
@@ -112,7 +112,7 @@ def check_gpus(report: GpuReport | Unreadable, profile: Profile) -> Finding:
             f"GPU_DEVICES naming {need} GPUs of this host, or a host with {need}",
         )
     budget = e.kv_cache_memory_bytes
-    small = [g for g in chosen if budget and g.memory_mib * 2**20 <= budget]
+    small = [g for g in chosen if budget and g.memory_mib * MIB <= budget]
     if small:
         return Finding(
             name,

@@ -6,6 +6,8 @@ smoke commands all call `plan_for`, so smoke verifies the very object launch ren
 from __future__ import annotations
 
 import dataclasses
+import json
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,3 +100,50 @@ def plan_for(settings: Settings, profile: str | None = None,
     argv = (*plan.argv, "--middleware", MIDDLEWARE) if settings.api_key() else plan.argv
     return dataclasses.replace(plan, argv=argv, image=describe_image(
         plan.profile.deployment.image, settings.merged))  # fmt: skip
+
+
+def plan_header(plan: Plan) -> list[str]:
+    """The plan's comment lines: profile, image, capability check, deviations, placement."""
+    lines = [f"# profile: {plan.profile.name} - {plan.profile.summary}"]
+    if plan.image:
+        lines.append(f"# image: {plan.image}")
+    if plan.checked_against:
+        lines.append(f"# capabilities checked against {plan.checked_against}")
+        lines += [f"# expected at start: {w}" for w in plan.expected_warnings()]
+    else:
+        lines.append("# capabilities not checked: no vLLM here (`launch run` checks in the image)")
+    if plan.qualified:
+        lines.append("# qualified: no deviation from the profile")
+    else:
+        lines.append("# DEVIATIONS from the qualified profile:")
+        lines += [f"#   {d}" for d in plan.deviations]
+    if plan.placement:
+        lines.append("# placement (where it runs; does not affect qualification):")
+        lines += [f"#   {d}" for d in plan.placement]
+    return lines
+
+
+def format_plan(plan: Plan) -> str:
+    """A copyable, readable shell rendering of the plan (display only; `run` execs the argv)."""
+    lines = plan_header(plan)
+    expect = to_plain(plan.profile.expect)
+    expect.pop("sources", None)
+    lines.append(f"# expect: {json.dumps(expect, separators=(', ', ': '))}")
+    lines.append("env \\")
+    lines += [f"  {k}={shlex.quote(v)} \\" for k, v in plan.env.items()]
+    argv = list(plan.argv)
+    head, rest = argv[:3], argv[3:]
+    lines.append("  " + shlex.join(head) + (" \\" if rest else ""))
+    pairs: list[str] = []
+    i = 0
+    while i < len(rest):
+        if i + 1 < len(rest) and not rest[i + 1].startswith("--"):
+            pairs.append(shlex.join(rest[i : i + 2]))
+            i += 2
+        else:
+            pairs.append(shlex.quote(rest[i]))
+            i += 1
+    lines += [f"    {part} \\" for part in pairs[:-1]]
+    if pairs:
+        lines.append(f"    {pairs[-1]}")
+    return "\n".join(lines)

@@ -8,17 +8,12 @@ for them (`launch.feature_env`). The result is an argv list, never a shell strin
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import fields
-from typing import TYPE_CHECKING
 
 from launch.feature_env import feature_env
 from launch.kv_offload import OFF, OFFLOAD_FLAGS
 from launch.profile import EngineArgs, KVOffload, Profile
 from launch.schema import to_plain
-
-if TYPE_CHECKING:
-    from launch.plan import Plan
 
 UNRENDERED_ENGINE_FIELDS = ("model", "extra_args", "kv_offload")
 """EngineArgs fields that are not a `--field` flag: the positional model, the pass-through
@@ -79,50 +74,3 @@ def rendered_flags() -> dict[str, str]:
     flags |= {flag("host"): "deployment.host", flag("port"): "deployment.port",
               flag("shutdown_timeout"): "deployment.drain_s"}
     return flags | {name: f"engine.kv_offload.{field}" for name, field in OFFLOAD_FLAGS.items()}
-
-
-def plan_header(plan: Plan) -> list[str]:
-    """The plan's comment lines: profile, image, capability check, deviations, placement."""
-    lines = [f"# profile: {plan.profile.name} - {plan.profile.summary}"]
-    if plan.image:
-        lines.append(f"# image: {plan.image}")
-    if plan.checked_against:
-        lines.append(f"# capabilities checked against {plan.checked_against}")
-        lines += [f"# expected at start: {w}" for w in plan.expected_warnings()]
-    else:
-        lines.append("# capabilities not checked: no vLLM here (`launch run` checks in the image)")
-    if plan.qualified:
-        lines.append("# qualified: no deviation from the profile")
-    else:
-        lines.append("# DEVIATIONS from the qualified profile:")
-        lines += [f"#   {d}" for d in plan.deviations]
-    if plan.placement:
-        lines.append("# placement (where it runs; does not affect qualification):")
-        lines += [f"#   {d}" for d in plan.placement]
-    return lines
-
-
-def format_plan(plan: Plan) -> str:
-    """A copyable, readable shell rendering of the plan (display only; `run` execs the argv)."""
-    lines = plan_header(plan)
-    expect = to_plain(plan.profile.expect)
-    expect.pop("sources", None)
-    lines.append(f"# expect: {json.dumps(expect, separators=(', ', ': '))}")
-    lines.append("env \\")
-    lines += [f"  {k}={shlex.quote(v)} \\" for k, v in plan.env.items()]
-    argv = list(plan.argv)
-    head, rest = argv[:3], argv[3:]
-    lines.append("  " + shlex.join(head) + (" \\" if rest else ""))
-    pairs: list[str] = []
-    i = 0
-    while i < len(rest):
-        if i + 1 < len(rest) and not rest[i + 1].startswith("--"):
-            pairs.append(shlex.join(rest[i : i + 2]))
-            i += 2
-        else:
-            pairs.append(shlex.quote(rest[i]))
-            i += 1
-    lines += [f"    {part} \\" for part in pairs[:-1]]
-    if pairs:
-        lines.append(f"    {pairs[-1]}")
-    return "\n".join(lines)

@@ -27,6 +27,11 @@ hf_token; both optional): `kubectl create secret generic glm53-secrets
 --from-file=compose/secrets/vllm_api_key --from-file=compose/secrets/hf_token`."""
 SECRETS_MOUNT = "/run/secrets"
 PROBE_PERIOD_S = 10
+CLAIMS = {"hf-cache": "200Gi", "jit-cache": "50Gi"}
+"""Each replica's volume claims (compose's two named volumes) and the storage they request.
+Requests, not measurements: the Hub cache must hold the checkpoint (`make fetch` says how many
+bytes a download needs before it starts), the JIT cache the kernel and compile caches compose
+keeps in jit-cache; raise them in the rendered manifest for a larger checkpoint."""
 
 
 def parse_gpu_sets(text: str, plan: Plan) -> list[tuple[int, ...]]:
@@ -239,7 +244,7 @@ def k8s_manifests(plan: Plan, image: str, router_image: str | None, replicas: in
             "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": labels},
             "template": pod,
-            "volumeClaimTemplates": [claim("hf-cache", "200Gi"), claim("jit-cache", "50Gi")],
+            "volumeClaimTemplates": [claim(n, size) for n, size in CLAIMS.items()],
         },
     }
     headless = {

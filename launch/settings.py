@@ -29,6 +29,10 @@ of the host)."""
 SECRETS = {"VLLM_API_KEY": "vllm_api_key", "HF_TOKEN": "hf_token",
            "GRAFANA_ADMIN_PASSWORD": "grafana_admin_password"}
 """The secrets a user gives -> their file name under compose/secrets and /run/secrets."""
+HF_TOKEN_FILE_VAR = "HF_TOKEN_PATH"
+"""Where huggingface_hub reads the Hub token's file from, and so does the kit."""
+SECRET_FILE_VARS = (KEY_FILE_VAR, HF_TOKEN_FILE_VAR)
+"""The variables naming the API key's and the Hub token's files (tests point them elsewhere)."""
 ENVIRONMENT = "environment"
 DEFAULT_HOST_PORT = 8000
 DEFAULT_BIND = "127.0.0.1"
@@ -104,7 +108,7 @@ class Settings:
     def hf_token(self) -> str | None:
         """The Hub token, from its secret file ($HF_TOKEN_PATH, as huggingface_hub reads it,
         else compose/secrets/hf_token); None when none is set."""
-        given = self.environ.get("HF_TOKEN_PATH")
+        given = self.environ.get(HF_TOKEN_FILE_VAR)
         return read_key(Path(given) if given else SECRETS_DIR / SECRETS["HF_TOKEN"])
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from kvgeometry.glm53_specs import GLM53
 from launch.errors import UsageError
+from launch.glm53 import GLM53
 from launch.gpus import example_gpus, gpu_list_problem
 from launch.image_lock import SOURCES as IMAGE_SOURCES
 from launch.kv_offload import (

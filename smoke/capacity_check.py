@@ -1,5 +1,5 @@
 """`log: capacity as predicted`: the running engine against `make capacity`'s prediction for the
-very configuration it runs (`launch.capacity.predict_start`: the profile's budget, planned by
+very configuration it runs (`capacity.host.predict_start`: the profile's budget, planned by
 vLLM's engine core in the same image). The engine's `KV cache size` line, the geometry plugin's
 line and `/metrics` (`vllm:cache_config_info`) must each equal the prediction; a mismatch names
 both values. Without a prediction (a budget from gpu_memory_utilization, an image that cannot
@@ -7,28 +7,25 @@ answer) the check is skipped, saying why."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from launch.capacity import NotPredicted, StartPrediction
+from capacity.answer import EnginePlan, Refused
+from capacity.host import NotPredicted, StartPrediction
 from launch.errors import UsageError
 from launch.plan import Plan
 from smoke.check import Check, Label, result, skipped
 from smoke.client import CheckFailed, Server, metrics_text
 from smoke.log_facts import LogFacts
-from smoke.logparse import parse_lines
 
-LINE_PREFIX = "(EngineCore pid=1) INFO 01-01 00:00:00 [capacity.py:1] "
-"""The prediction's engine lines are vLLM's messages; the log parser reads them as a log line
-carries them (vLLM's own line format)."""
 CACHE_INFO = "vllm:cache_config_info"
 
 
-def predicted_facts(engine_lines: Iterable[str]) -> LogFacts:
-    """What the log parser reads from the lines the prediction says the start will log."""
-    return parse_lines(LINE_PREFIX + line for line in engine_lines)
+def logged_concurrency(value: float) -> float:
+    """A concurrency as the engine core logs it (`%.2fx`) and the log parser reads it back."""
+    return float(f"{value:.2f}")
 
 
 def cache_config_info(text: str) -> dict[str, str]:
@@ -39,21 +36,19 @@ def cache_config_info(text: str) -> dict[str, str]:
     return {}
 
 
-def disagreements(plan: dict[str, Any], facts: LogFacts,
+def disagreements(plan: EnginePlan, facts: LogFacts,
                   info: dict[str, str] | None) -> dict[str, tuple[Any, Any]]:  # fmt: skip
     """Each figure the prediction and the engine state, where they differ: name -> (predicted,
-    engine); `info` None leaves /metrics out."""
-    want = predicted_facts(plan["engine_lines"])
+    engine); `info` None leaves /metrics out. The engine's figures are what the log parser read
+    from its `KV cache size` and geometry lines."""
     pairs = {
-        "KV cache size tokens": (want.kv_cache_tokens, facts.kv_cache_tokens),
-        "maximum concurrency": (want.max_concurrency, facts.max_concurrency),
-        "concurrency for tokens": (want.max_concurrency_tokens, facts.max_concurrency_tokens),
-        "geometry": (want.kv_geometry and want.kv_geometry.line(),
-                     facts.kv_geometry and facts.kv_geometry.line()),
+        "KV cache size tokens": (plan.tokens, facts.kv_cache_tokens),
+        "maximum concurrency": (logged_concurrency(plan.max_concurrency), facts.max_concurrency),
+        "concurrency for tokens": (plan.max_model_len, facts.max_concurrency_tokens),
+        "geometry": (plan.geometry.line(), facts.kv_geometry and facts.kv_geometry.line()),
     }  # fmt: skip
     if info is not None:
-        blocks = (str(plan["num_blocks"]), info.get("num_gpu_blocks"))
-        pairs[f"{CACHE_INFO} num_gpu_blocks"] = blocks
+        pairs[f"{CACHE_INFO} num_gpu_blocks"] = (str(plan.num_blocks), info.get("num_gpu_blocks"))
     return {name: pair for name, pair in pairs.items() if pair[0] != pair[1]}
 
 
@@ -67,15 +62,15 @@ def capacity_check(label: Label, predict: Callable[[Plan], StartPrediction], pla
     except (NotPredicted, UsageError) as why:
         return skipped(label, f"not predicted: {why}")
     figures = predicted.plan
-    if "refused" in figures:
-        return result(label, f"a refused start: {figures['refused'][:200]}", "the engine started",
+    if isinstance(figures, Refused):
+        return result(label, f"a refused start: {figures.why[:200]}", "the engine started",
                       False)  # fmt: skip
     try:
         info = cache_config_info(metrics_text(server))
     except CheckFailed as err:
         info = {"num_gpu_blocks": f"unread ({err})"}
-    expected = (f"{figures['tokens']:,} tokens, {figures['num_blocks']:,} blocks, "
-                f"{figures['max_concurrency']:.2f}x (vLLM {predicted.answer['vllm']} in the "
+    expected = (f"{figures.tokens:,} tokens, {figures.num_blocks:,} blocks, "
+                f"{figures.max_concurrency:.2f}x (vLLM {predicted.answer.vllm} in the "
                 "image)")  # fmt: skip
     wrong = disagreements(figures, facts, info)
     seen = "; ".join(f"{name}: predicted {a}, engine {b}" for name, (a, b) in wrong.items())

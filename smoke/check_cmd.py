@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from launch.capacity import predict_start
+from capacity.host import predict_start
 from launch.cli_args import add_api_key_argument, add_set_argument, positive_float, positive_int
 from launch.errors import UsageError
 from launch.image_lock import resolve_image

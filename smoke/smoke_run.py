@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from launch.capacity import StartPrediction
+from capacity.host import StartPrediction
 from launch.plan import Plan
 from smoke.agent_api import DEFAULT_CONCURRENCY
 from smoke.capacity_check import capacity_check

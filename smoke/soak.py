@@ -28,6 +28,7 @@ from typing import Any
 
 import httptools
 
+from launch.sizes import MIB
 from smoke.agent_api import TOOL_PROMPT, WEATHER_TOOL
 from smoke.bench.cells import (
     RequestSettings,
@@ -44,7 +45,6 @@ PREEMPTIONS = "vllm:num_preemptions"
 PROCESS_RSS = "process_resident_memory_bytes"
 """prometheus_client's gauge of the API server process's own RSS, in vLLM's /metrics."""
 SHORT_PROMPT = "Write a few sentences about the sea."
-MIB = 1 << 20
 
 
 @dataclass(frozen=True)

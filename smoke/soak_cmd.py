@@ -18,6 +18,7 @@ from launch.cli_args import (
 )
 from launch.docker_api import engine_errors
 from launch.errors import UsageError
+from launch.sizes import MIB
 from smoke.bench import receipt as receipts
 from smoke.bench.cells import BenchError, RequestSettings, metrics_text
 from smoke.bench.metrics import gauge_values
@@ -211,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
     growth = (
         "?"
         if result.rss_growth_bytes is None
-        else f"{result.rss_growth_bytes / (1 << 20):+.0f} MiB"
+        else f"{result.rss_growth_bytes / MIB:+.0f} MiB"
     )
     summary = (
         f"{result.requests} requests, {result.failed} failed, RSS {growth} from the end "

@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING
 import pytest
 import requests
 
-from kvgeometry.localhost import free_port
+from capacity.localhost import free_port
+from launch.route_guard import KEY_FILE_VAR
+from launch.settings import HF_TOKEN_FILE_VAR, SECRET_FILE_VARS
 
 if TYPE_CHECKING:
     from launch.plan import Plan
@@ -33,9 +35,6 @@ USER_VARIABLES = (
     "HF_TOKEN", "HF_ENDPOINT", "HF_CACHE_VOLUME", "COMPOSE_FILE",
 )  # fmt: skip
 """Settings a user may have in the shell besides the profile overrides (ENV_OVERRIDES)."""
-SECRET_FILE_VARS = ("KIT_API_KEY_FILE", "HF_TOKEN_PATH")
-"""Where the commands read the API key and the Hub token (launch.route_guard.KEY_FILE_VAR,
-huggingface_hub's HF_TOKEN_PATH)."""
 
 
 @pytest.fixture(autouse=True)
@@ -47,7 +46,7 @@ def hermetic_settings(tmp_path_factory: pytest.TempPathFactory,
     tracked one, and the secret files fresh paths too. Subprocesses inherit them through
     KIT_ENV_FILE, KIT_IMAGES_LOCK, KIT_API_KEY_FILE and HF_TOKEN_PATH. The kit's cache of
     answers (`make capacity`'s) is the test's own too (KIT_CACHE_DIR), never the user's."""
-    from launch.capacity import CACHE_VAR
+    from capacity.host import CACHE_VAR
     from launch.compose_env import ENV_FILE_VAR
     from launch.image_lock import COMPOSE_DIR, LOCK_VAR
     from launch.overrides import ENV_OVERRIDES
@@ -60,8 +59,8 @@ def hermetic_settings(tmp_path_factory: pytest.TempPathFactory,
     monkeypatch.setenv(LOCK_VAR, str(lock))
     monkeypatch.setenv(ENV_FILE_VAR, str(home / ".env"))
     # the secret files: the test's own (absent until a test writes them), never compose/secrets
-    monkeypatch.setenv(SECRET_FILE_VARS[0], str(home / "vllm_api_key"))
-    monkeypatch.setenv(SECRET_FILE_VARS[1], str(home / "hf_token"))
+    monkeypatch.setenv(KEY_FILE_VAR, str(home / "vllm_api_key"))
+    monkeypatch.setenv(HF_TOKEN_FILE_VAR, str(home / "hf_token"))
     monkeypatch.setenv(CACHE_VAR, str(home / "cache"))
     return home
 

@@ -232,7 +232,7 @@ def test_up_dry_run_starts_no_container_and_says_what_it_would_predict():
     tree and fails the test on one; it says what a start would ask. With the answer cached (a
     real one, recorded from the CPU image by `make e2e`), it prints the prediction from the
     cache, still without the engine."""
-    from launch.capacity import cache_dir, cache_key, start_question
+    from capacity.host import cache_dir, cache_key, start_question
     from launch.plan import plan_for
     from launch.settings import Settings
     from tests.conftest import launch_cli

@@ -236,7 +236,7 @@ def test_fork_tree_meets_every_requirement(fork_vllm_tree):
 def test_plan_text_is_copyable_shell(name):
     import shlex
 
-    from launch.render import format_plan
+    from launch.plan import format_plan
 
     p = plan(name)
     text = format_plan(p)

@@ -127,12 +127,6 @@ def test_vllms_own_api_key_guard_leaves_invocations_open():
         assert call(vllm_guard, http("POST", path))[0]["status"] == 200, path
 
 
-def test_the_secret_file_variables_are_the_kits():
-    from tests.conftest import SECRET_FILE_VARS
-
-    assert SECRET_FILE_VARS == (KEY_FILE_VAR, "HF_TOKEN_PATH")
-
-
 @pytest.mark.usefixtures("engine_unreachable")
 @pytest.mark.parametrize("name", ["VLLM_API_KEY", "HF_TOKEN"])
 def test_a_secret_in_compose_env_is_refused_before_anything_is_written(hermetic_settings, name):

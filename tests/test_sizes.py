@@ -26,7 +26,7 @@ SPELLINGS: list[tuple[str, int | None]] = [
     ("12G", 12 * GIB),  # vLLM: binary
     ("12g", 12 * 10**9),  # vLLM: decimal
     ("12GB", 12 * 10**9),
-    ("15.87 GiB", int(Fraction("15.87") * GIB)),  # as vLLM logs "15.87 GiB available for KV"
+    ("15.87 GiB", 17_040_282_746),  # as vLLM logs "15.87 GiB available for KV" (floor)
     ("1.5G", None),  # vLLM refuses a fraction with a binary suffix
     ("12XB", None),
     ("twelve", None),

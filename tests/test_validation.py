@@ -15,8 +15,9 @@ import pytest
 
 from launch.compose_env import ENV_FILE_VAR
 from launch.image_lock import LOCK_VAR
+from launch.settings import SECRET_FILE_VARS
 from launch.vllm_vocab import VLLM_VERSION
-from tests.conftest import REPO, SECRET_FILE_VARS
+from tests.conftest import REPO
 
 BAD_INPUTS = [
     # (profile, environment, --set values, text the message must contain)

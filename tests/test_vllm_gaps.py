@@ -24,10 +24,11 @@ import zipfile
 
 import pytest
 
-from kvgeometry.glm53_specs import MLA_SHAPE, RUNTIME_LATENT_BYTES, text_config
+from capacity.glm53_specs import text_config
 from launch.capabilities import requirements, resolve
 from launch.deviations import NotChecked
 from launch.errors import UsageError
+from launch.glm53 import MLA_SHAPE, RUNTIME_LATENT_BYTES
 from launch.loader import load
 from launch.overrides import from_environment
 from launch.plan import assemble

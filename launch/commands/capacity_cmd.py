@@ -1,6 +1,6 @@
 """`python -m launch capacity PROFILE`: the KV cache the profile will get, before it starts.
 
-vLLM's own sizing runs in the profile's image on the CPU (`launch.capacity`); the answer is kept
+vLLM's own sizing runs in the profile's image on the CPU (`capacity.host`); the answer is kept
 per question and image, so asking again costs nothing. Without options it asks what `make up`
 asks (the profile's budget, and how `max_num_seqs` requests of `max_model_len` fit), so the two
 share one answer. `--budget` asks about other budgets,
@@ -14,15 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from launch.capacity import (
-    budgets_for,
-    format_answer,
-    parse_requests,
-    predict,
-    question_for,
-    refusal,
-    start_question,
-)
+from capacity.host import budgets_for, parse_requests, predict, question_for, start_question
+from capacity.report import format_answer, refusal
 from launch.commands.common import add_profile_arguments
 from launch.image_lock import resolve_image
 from launch.plan import plan_for
@@ -59,8 +52,9 @@ def run(args: argparse.Namespace) -> int:
         question = question_for(plan, budgets, wanted, 1 if args.largest_context else 0)
     answer, cached = predict(image, question, cached=not args.no_cache)
     if args.json:
-        print(json.dumps({"profile": plan.profile.name, "image": image, "cached": cached,
-                          "budget_source": budgets.source, **answer}, indent=2))  # fmt: skip
+        head = {"profile": plan.profile.name, "image": image, "cached": cached,
+                "budget_source": budgets.source}  # fmt: skip
+        print(json.dumps(head | answer.to_json(), indent=2))
     else:
         print(format_answer(plan.profile.name, image, budgets, answer, cached))
     refused = refusal(answer, budgets)

@@ -14,15 +14,14 @@ from pathlib import Path
 
 import yaml
 
-from launch.capacity import NotPredicted, predict_start
+from capacity.host import NotPredicted, predict_start
 from launch.cli_args import positive_int
 from launch.commands.common import add_profile_arguments, vllm_to_check
 from launch.compose_config import compose_document
 from launch.compose_files import KIT_PACKAGES, merged_document
 from launch.errors import UsageError
 from launch.image_lock import resolve_image
-from launch.plan import Plan, plan_for
-from launch.render import format_plan
+from launch.plan import Plan, format_plan, plan_for
 from launch.scale import k8s_manifests, router_source
 from launch.settings import Settings, port_number, read_settings
 

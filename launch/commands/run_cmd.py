@@ -15,9 +15,8 @@ from pathlib import Path
 from launch.commands.common import add_profile_arguments, vllm_to_check
 from launch.errors import UsageError
 from launch.kv_offload import read_host_memory
-from launch.plan import plan_for
+from launch.plan import format_plan, plan_for
 from launch.plugin import plugin_env, write_entry_point
-from launch.render import format_plan
 from launch.settings import read_settings, refuse_secrets_as_environment
 from launch.validate import check_host_memory
 from launch.vllm_argv import parse_with_vllm

@@ -18,15 +18,15 @@ import os
 import shlex
 import sys
 
-from launch.capacity import NotPredicted, predict_start, refusal
+from capacity.host import NotPredicted, predict_start
+from capacity.report import refusal
 from launch.commands.common import add_profile_arguments, add_replica_arguments
 from launch.compose_config import configure, prepare_compose, show
 from launch.compose_env import compose_env_args
 from launch.docker_api import nvidia_runtime
 from launch.image_lock import COMPOSE_DIR, resolve_image
 from launch.kv_offload import read_host_memory
-from launch.plan import Plan, plan_for
-from launch.render import format_plan
+from launch.plan import Plan, format_plan, plan_for
 from launch.settings import Settings, read_settings
 from launch.validate import check_host_memory
 from launch.weights_service import warn_if_missing
@@ -48,7 +48,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def check_capacity(plan: Plan, settings: Settings, dry_run: bool = False) -> None:
-    """The predicted KV cache (`launch.capacity`): a start the engine would refuse exits 2 here
+    """The predicted KV cache (`capacity.host`): a start the engine would refuse exits 2 here
     with both fixes, before compose/.env is written or compose runs; a cache that holds fewer
     than max_num_seqs requests is a warning; no prediction is said, and the start goes on. A
     dry run asks the cache only: it says what it would ask when no answer is cached, and starts

@@ -12,7 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from kvgeometry.glm53_specs import KV_LAYOUT, Shape, build
+from capacity.glm53_specs import KV_LAYOUT, Shape, build
 from launch.vllm_vocab import VLLM_VERSION
 from tests.planner.planning import Plan, plan
 from tests.planner.seed_shapes import TWELVE_GIB, mtp_auto_alignment, mtp_split_seed, vllm_config
@@ -39,7 +39,7 @@ def main() -> None:
     print(row("with 0002, 512/512 split pages", split, target))
     print("  seed 004's servers reported 1,265,215 tokens (split) and 4,412,757 (automatic) with")
     print("  the full model's cache groups and their own budget; those are not reproduced here")
-    print(f"0002 on the specs vLLM {VLLM_VERSION}'s layers build (kvgeometry/glm53_specs.py), "
+    print(f"0002 on the specs vLLM {VLLM_VERSION}'s layers build (capacity/glm53_specs.py), "
           "512/512:")
     with tempfile.TemporaryDirectory() as work:
         real = build(Shape(tp=4, dcp=1, spec_tokens=3, block_size=512), Path(work))

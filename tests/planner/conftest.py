@@ -15,10 +15,10 @@ if not hasattr(interface, "glm53_split_block_sizes"):
 
 @pytest.fixture(scope="session")
 def real_specs(tmp_path_factory):
-    """GLM-5.3's specs built by vLLM's own layers (kvgeometry/glm53_specs.py) for the two
+    """GLM-5.3's specs built by vLLM's own layers (capacity/glm53_specs.py) for the two
     qualified shapes: seed 004's TP4/DCP1 with 3 MTP tokens at 512-token split pages, and seed
     000's TP4/DCP4 with 7 DFlash tokens at the 2,304-token block. Built once per session."""
-    from kvgeometry.glm53_specs import Shape, build
+    from capacity.glm53_specs import Shape, build
 
     work = tmp_path_factory.mktemp("glm53-specs")
     return {

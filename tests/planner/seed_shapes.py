@@ -4,7 +4,7 @@ These are not the specs vLLM builds for GLM-5.3: it builds three per sparse-MLA 
 latent, the C4 indexer cache and the tail ring; ../shared/notes/glm53-geometry.md), where these fold
 latent and indexer into one 561-byte-per-token MLA spec, the seed's page. They check what the series
 promises at the seed's page sizes; the specs vLLM's own layer classes build are
-kvgeometry/glm53_specs.py's (tests/planner/test_glm53_real_specs.py). Figures: 45 layers, a sparse-
+capacity/glm53_specs.py's (tests/planner/test_glm53_real_specs.py). Figures: 45 layers, a sparse-
 MLA layer at every fourth position from index 3 (11 MLA layers, 34 gated-delta layers); 561 bytes
 per token, so 287,232 bytes at 512 tokens and 1,292,544 at 2,304; the TP4 recurrent page of
 1,048,576 SSM bytes plus the convolution state of 3 x 6,144 FP32 values for MTP (1,122,304 bytes).
@@ -18,7 +18,8 @@ import torch
 from vllm.config import VllmConfig
 from vllm.v1.kv_cache_interface import KVCacheSpec, MambaSpec, MLAAttentionSpec
 
-from kvgeometry.glm53_specs import GLM53, KV_LAYOUT
+from capacity.glm53_specs import KV_LAYOUT
+from launch.glm53 import GLM53
 
 NUM_LAYERS = 45
 MLA_BYTES_PER_TOKEN = 561

@@ -1,4 +1,4 @@
-"""`make capacity`'s sizing (vLLM's engine core, `kvgeometry.engine_plan`) on GLM-5.3's specs as
+"""`make capacity`'s sizing (vLLM's engine core, `capacity.engine_plan`) on GLM-5.3's specs as
 vLLM 0.34.0's layers build them: the seeds' figures, what differs from them and why, and the
 inverse questions' answers checked one byte / one token either side."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvgeometry.capacity import largest_context_for, smallest_budget_for
-from kvgeometry.engine_plan import EnginePlan, Refused, engine_plan
-from kvgeometry.glm53_specs import Shape, runtime_latent, text_config, vllm_config
+from capacity.engine import largest_context_for, smallest_budget_for
+from capacity.engine_plan import EnginePlan, Refused, engine_plan
+from capacity.glm53_specs import Shape, runtime_latent, text_config, vllm_config
 from tests.planner.planning import plan
 from tests.planner.seed_shapes import TWELVE_GIB
 from tests.planner.seed_shapes import vllm_config as planner_config
@@ -88,9 +88,9 @@ def test_the_inverse_answers_are_tight(real_specs, split_512):
     specs = real_specs["mtp3"]
     config = vllm_config(Shape(tp=4, dcp=1, spec_tokens=3, block_size=512), text_config())
     config.speculative_config = None
-    need = smallest_budget_for(config, specs, 4, 262_144, (TWELVE_GIB,))["smallest_budget"]
-    assert need["max_concurrency"] >= 4
-    less = engine_plan(config, specs, need["budget_bytes"] - 1)
+    need = smallest_budget_for(config, specs, 4, 262_144, (TWELVE_GIB,)).plan
+    assert need.max_concurrency >= 4
+    less = engine_plan(config, specs, need.budget - 1)
     assert isinstance(less, Refused) or less.max_concurrency < 4
     longest = largest_context_for(config, specs, TWELVE_GIB)
     assert engine(config, specs, TWELVE_GIB, longest).max_concurrency >= 1
@@ -117,7 +117,7 @@ def mtp3_as_served(tmp_path_factory):
     (the drafter's sparse-MLA layer 45) and the recurrent layers as FlashKDA keeps them (3
     speculative blocks and a prefill-checkpoint block per request); the latent as the runtime
     keeps it (`runtime_latent`: 528-byte rows without the SM120 backend's 64-row alignment)."""
-    from kvgeometry.glm53_specs import build
+    from capacity.glm53_specs import build
 
     shape = Shape(tp=4, dcp=1, spec_tokens=3, block_size=512, mtp_layers=1,
                   kda_prefill_backend="flashkda")  # fmt: skip

@@ -2,7 +2,7 @@
 target's, on the patched planner, beside the pristine one (vLLM 0.34.0 as installed, run in a
 process of its own: one process cannot import two vLLMs).
 
-The target is GLM-5.3's TP4/DCP4 specs as vLLM's layers build them (kvgeometry/glm53_specs.py,
+The target is GLM-5.3's TP4/DCP4 specs as vLLM's layers build them (capacity/glm53_specs.py,
 the runtime's latent rows: seed 000's 906 blocks at 12 GiB). The draft is a STAND-IN: the
 DFlash2 checkpoint's config is not at hand, so its layers are vLLM's `SlidingWindowSpec`
 (replicated, as vLLM 0.34.0's runner makes a DCP-1 draft's specs) with these values:
@@ -27,8 +27,8 @@ import pytest
 import torch
 from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 
-from kvgeometry.engine_plan import vllm_lines
-from kvgeometry.glm53_specs import runtime_latent
+from capacity.engine_plan import vllm_lines
+from capacity.glm53_specs import runtime_latent
 from tests.conftest import REPO
 from tests.planner.planning import plan
 from tests.planner.seed_shapes import TWELVE_GIB, vllm_config
@@ -108,9 +108,9 @@ def test_a_smaller_dividing_draft_block_takes_the_target_block(target, tmp_path)
 def test_the_engine_core_logs_the_alignment_and_reports_the_draft_block(target):
     """Through `make capacity`'s path (the engine core's own sizing, the geometry plugin's
     line): the draft role's block is 2,304, the profile's `block_sizes.draft`."""
-    from kvgeometry.engine_plan import EnginePlan, engine_plan
-    from kvgeometry.glm53_specs import Shape, text_config
-    from kvgeometry.glm53_specs import vllm_config as glm_config
+    from capacity.engine_plan import EnginePlan, engine_plan
+    from capacity.glm53_specs import Shape, text_config
+    from capacity.glm53_specs import vllm_config as glm_config
     from launch.loader import load
 
     config = glm_config(Shape(tp=4, dcp=4, spec_tokens=7, block_size=TARGET_BLOCK,

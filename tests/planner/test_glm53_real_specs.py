@@ -1,5 +1,5 @@
 """The series and the kit's expectations on GLM-5.3's specs as vLLM's own layers build them
-(kvgeometry/glm53_specs.py: the indexer cache, the tail ring and the gated-delta state from
+(capacity/glm53_specs.py: the indexer cache, the tail ring and the gated-delta state from
 vLLM's classes in a 4-rank gloo world; the MLA latent from MLAAttention's spec method with the
 SM120 sparse-MLA backend's implementation, whose row in vLLM 0.34.0 is the qualified runtime's
 528 bytes)."""
@@ -11,9 +11,10 @@ from vllm.utils.math_utils import cdiv, next_power_of_2
 from vllm.v1.attention.backend import MultipleOf
 from vllm.v1.kv_cache_interface import CircularBufferSpec, MambaSpec, MLAAttentionSpec
 
-from kvgeometry.engine_plan import vllm_lines
-from kvgeometry.glm53_specs import INDEX_KPOOL, KV_LAYOUT, RUNTIME_LATENT_BYTES
+from capacity.engine_plan import vllm_lines
+from capacity.glm53_specs import INDEX_KPOOL, KV_LAYOUT
 from kvgeometry.report import format_geometry
+from launch.glm53 import RUNTIME_LATENT_BYTES
 from launch.loader import load
 from smoke.log_checks import log_checks
 from smoke.logparse import parse_lines
@@ -77,7 +78,7 @@ def test_seed_000_906_blocks_come_from_the_runtimes_latent_rows(real_specs, tmp_
     SM120 backend stores the same rows but aligns the stride to 64 of them: 905. vLLM's general
     DS-MLA row (656 bytes: what 0.33.0 stored, and the FlashMLA sparse backend stores) holds
     fewer still."""
-    from kvgeometry.glm53_specs import Shape, build, runtime_latent
+    from capacity.glm53_specs import Shape, build, runtime_latent
 
     kinds = by_kind(real_specs["dflash"])
     assert kinds["latent"][0].page_size_bytes == 2304 * RUNTIME_LATENT_BYTES
@@ -143,7 +144,7 @@ def test_mtp3_expectations_hold_on_vllms_report_and_name_another_latent(
     """The profile's block and page expectations are what a report of vLLM 0.34.0's geometry
     prints (its SM120 latent is the runtime's); a backend with vLLM's general 656-byte row
     fails the page check by name."""
-    from kvgeometry.glm53_specs import Shape, build
+    from capacity.glm53_specs import Shape, build
 
     profile = load("mtp3-tp4-split").profile
     runtime, _ = report_facts(real_specs["mtp3"])
@@ -188,7 +189,7 @@ def test_the_plugin_reports_each_glm_profile_from_the_engine_cores_call(
     from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups
 
     import kvgeometry
-    from kvgeometry.glm53_specs import runtime_latent
+    from capacity.glm53_specs import runtime_latent
 
     if profile == "mtp3-tp4-split":
         monkeypatch.setenv("VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE", "512")

@@ -11,7 +11,7 @@ import pytest
 from vllm.platforms.interface import Platform, glm53_split_block_sizes
 from vllm.v1.attention.backends.mla.flashmla_sparse import FlashMLASparseBackend
 
-from kvgeometry.engine_plan import vllm_lines
+from capacity.engine_plan import vllm_lines
 from smoke.log_facts import SplitPageFacts
 from smoke.logparse import parse_lines
 from tests.planner.planning import plan

@@ -13,6 +13,7 @@ import time
 
 import requests
 
+from capacity.answer import EnginePlan, plan_from_json
 from launch.loader import load
 from launch.vllm_vocab import VLLM_VERSION
 from smoke.capacity_check import cache_config_info, disagreements
@@ -54,7 +55,10 @@ def engine_agrees(run: Run, plan: dict) -> None:
     its /metrics."""
     log = run.sh(["docker", "logs", container()]).stdout
     metrics = requests.get(f"http://127.0.0.1:{HOST_PORT}/metrics", timeout=10).text
-    wrong = disagreements(plan, parse_lines(log.splitlines()), cache_config_info(metrics))
+    planned = plan_from_json(plan)
+    if not isinstance(planned, EnginePlan):
+        raise StepFailed(f"the prediction refuses the start the engine made: {planned.why}")
+    wrong = disagreements(planned, parse_lines(log.splitlines()), cache_config_info(metrics))
     if wrong:
         raise StepFailed(f"prediction != engine (predicted, started): {wrong}")
 

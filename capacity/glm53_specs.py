@@ -29,7 +29,7 @@ with `--mtp-layers` as the drafter adds it), `index_kpool` 4 (GLM-5.3-Flash's; t
 16), `mla_use_nope` true (`qk_rope_head_dim` is 0) and `indexer_rope_interleave` false (no RoPE
 dims to interleave); see ../shared/notes/glm53-geometry.md.
 
-    python -m kvgeometry.glm53_specs --tp 4 --dcp 1 --spec-tokens 3 --block 512 --out F.pkl
+    python -m capacity.glm53_specs --tp 4 --dcp 1 --spec-tokens 3 --block 512 --out F.pkl
 
 pickles rank 0's specs (layer name -> KVCacheSpec) into F.pkl.
 """
@@ -48,21 +48,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from kvgeometry.localhost import free_port
+from capacity.localhost import free_port
+from launch.glm53 import GLM53
 
-GLM53 = "Glm5NextForConditionalGeneration"
 INDEX_KPOOL = 4
 SM120_SPARSE_MLA = "FLASHINFER_MLA_SPARSE_SM120"
 """vLLM's sparse-MLA backend on SM120 (`platforms/cuda.py`, 0.33.0 and 0.34.0: TRITON_MLA, which
 has no sparse support, then this one)."""
-RUNTIME_LATENT_BYTES = 528
-"""The qualified runtime's FP8 MLA latent row per token: 512 FP8 bytes and 16 scale bytes (seed
-004's 287,232-byte target page at 512 tokens less the indexer's 16,896), for GLM-5.3's
-`kv_lora_rank` 512 and `qk_rope_head_dim` 0 (`MLA_SHAPE`). vLLM 0.34.0's SM120 sparse-MLA
-backend stores the same row (`get_fp8_ds_mla_row_bytes`); 0.33.0's stored 656."""
-MLA_SHAPE = (512, 0)
-"""GLM-5.3's (`kv_lora_rank`, `qk_rope_head_dim`): transformers' `Glm5NextTextConfig` defaults,
-which `text_config` builds on (a test compares the two)."""
 KV_LAYOUT = "BLHNC"
 """The KV cache layout a GLM-5.3 start resolves: the engine core takes the first layout every
 attention backend supports (`get_supported_kv_cache_layouts`), and the tail ring's KPOOL_TAIL
@@ -249,7 +241,7 @@ def build_rank(shape: Shape, rank: int, port: int) -> dict[str, Any]:
         layout = resolved_layout(config, shape.attention_backend)
     if layout != KV_LAYOUT:
         raise RuntimeError(f"vLLM resolves the KV cache layout {layout} for GLM-5.3's backends, "
-                           f"not {KV_LAYOUT}: kvgeometry.glm53_specs.KV_LAYOUT needs updating")
+                           f"not {KV_LAYOUT}: capacity.glm53_specs.KV_LAYOUT needs updating")
     specs: dict[str, Any] = {}
     for i, kind in enumerate(text.layer_types):
         if kind == "linear_attention":
@@ -272,7 +264,7 @@ def build(shape: Shape, work: Path) -> dict[str, Any]:
     """Run one process per TP rank and return rank 0's specs (layer name -> KVCacheSpec)."""
     port = free_port()
     out = work / ("specs-" + "-".join(str(v) for v in dataclasses.astuple(shape)) + ".pkl")
-    argv = [sys.executable, "-m", "kvgeometry.glm53_specs", "--tp", str(shape.tp), "--dcp",
+    argv = [sys.executable, "-m", "capacity.glm53_specs", "--tp", str(shape.tp), "--dcp",
             str(shape.dcp), "--spec-tokens", str(shape.spec_tokens), "--block",
             str(shape.block_size), "--kv-cache-dtype", shape.kv_cache_dtype, "--max-model-len",
             str(shape.max_model_len), "--attention-backend", shape.attention_backend,

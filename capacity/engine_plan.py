@@ -15,50 +15,11 @@ import contextlib
 import copy
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from kvgeometry.line import KVGeometry
+from capacity.answer import EnginePlan, Refused
 from kvgeometry.report import geometry_of
-
-
-@dataclass(frozen=True)
-class EnginePlan:
-    """What the engine core decides for one budget: the lines it logs (the geometry plugin's
-    included, when registered), the scheduler's KV cache config and the capacity it stored."""
-
-    budget: int
-    max_model_len: int
-    num_blocks: int
-    tokens: int
-    max_concurrency: float
-    geometry: KVGeometry
-    lines: tuple[str, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "budget_bytes": self.budget,
-            "max_model_len": self.max_model_len,
-            "num_blocks": self.num_blocks,
-            "tokens": self.tokens,
-            "max_concurrency": self.max_concurrency,
-            "geometry": self.geometry.to_json(),
-            "engine_lines": list(self.lines),
-        }
-
-
-@dataclass(frozen=True)
-class Refused:
-    """The engine core refused to start with this budget; `why` is its own message."""
-
-    budget: int
-    max_model_len: int
-    why: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"budget_bytes": self.budget, "max_model_len": self.max_model_len,
-                "refused": self.why}  # fmt: skip
 
 
 class _Executor:

@@ -1,11 +1,11 @@
-"""`python -m kvgeometry.capacity QUESTION.json`: the KV cache a `vllm serve` command will get,
+"""`python -m capacity.engine QUESTION.json`: the KV cache a `vllm serve` command will get,
 answered by the installed vLLM on the CPU, in the image that serves it, before any weights load.
 
 The configuration is vLLM's own: the serve command line through vLLM's argument parser and
 `EngineArgs.create_engine_config` (a model whose checkpoint is at hand), or, for GLM-5.3 whose
-checkpoint is not needed, the shape that command line gives (`kvgeometry.glm53_specs`). The specs
+checkpoint is not needed, the shape that command line gives (`capacity.glm53_specs`). The specs
 come from vLLM's layer classes (the model built on the meta device, or GLM-5.3's layers in a gloo
-world). The sizing is the engine core's own (`kvgeometry.engine_plan`). The inverse questions
+world). The sizing is the engine core's own (`capacity.engine_plan`). The inverse questions
 search over that sizing: the smallest budget that holds N requests of L tokens, the largest
 `max_model_len` a budget holds for one request. Nothing here computes a capacity itself.
 
@@ -24,50 +24,32 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvgeometry.engine_plan import EnginePlan, Refused, engine_plan
-from kvgeometry.glm53_specs import GLM53
-from kvgeometry.localhost import free_port
+from capacity.answer import (
+    Answer,
+    EnginePlan,
+    Fix,
+    LargestContext,
+    Refused,
+    SmallestBudget,
+    Unanswerable,
+)
+from capacity.engine_plan import engine_plan
+from capacity.localhost import free_port
+from capacity.question import ANSWER, UNSUPPORTED_EXIT, Question
+from launch.glm53 import GLM53
 
-UNSUPPORTED_EXIT = 2
-ANSWER = "KIT-CAPACITY "
-"""The answer's line on stdout (vLLM logs to stdout too)."""
 SPLIT_TARGET = "VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE"
+LONGEST_CONTEXT = 1 << 26
+"""The upper end of the search for the largest max_model_len (67,108,864 tokens: 64 times
+GLM-5.3-Flash's 1,048,576-token context, so the search never caps an answer a real budget
+gives)."""
 
 
 class Unsupported(Exception):
     """This vLLM cannot build what the question needs; the message says what is missing."""
-
-
-@dataclass(frozen=True)
-class Question:
-    """What `make capacity` asks (written by the host, `launch.capacity`, read here)."""
-
-    architecture: str
-    argv: tuple[str, ...]
-    env: dict[str, str]
-    device: str
-    budgets: tuple[int, ...]
-    for_requests: tuple[int, int] | None = None
-    largest_context: int = 0
-    """0, or how many concurrent requests the longest max_model_len must hold."""
-
-    def to_json(self) -> dict[str, Any]:
-        return {"architecture": self.architecture, "argv": list(self.argv), "env": self.env,
-                "device": self.device, "budgets": list(self.budgets),
-                "for": list(self.for_requests) if self.for_requests else None,
-                "largest_context": self.largest_context}  # fmt: skip
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Question:
-        wanted = data.get("for")
-        return cls(str(data["architecture"]), tuple(data["argv"]), dict(data.get("env", {})),
-                   str(data.get("device", "cuda")), tuple(data["budgets"]),
-                   (int(wanted[0]), int(wanted[1])) if wanted else None,
-                   int(data.get("largest_context") or 0))  # fmt: skip
 
 
 def serve_args(argv: tuple[str, ...]) -> Any:
@@ -136,7 +118,7 @@ def latent_backend(named: Any) -> tuple[str, str | None]:
     FALLBACKS=attention_backend), said in the answer."""
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
-    from kvgeometry.glm53_specs import SM120_SPARSE_MLA
+    from capacity.glm53_specs import SM120_SPARSE_MLA
 
     name = getattr(named, "name", named)
     if name and name in AttentionBackendEnum.__members__:
@@ -150,8 +132,8 @@ def latent_backend(named: Any) -> tuple[str, str | None]:
 def glm53_specs(argv: tuple[str, ...], env: dict[str, str],
                 device: str) -> tuple[Any, dict[str, Any], str | None]:  # fmt: skip
     """GLM-5.3's config and one rank's specs for the shape `argv` serves (see the module
-    docstring of `kvgeometry.glm53_specs` for what stands in for the checkpoint)."""
-    from kvgeometry.glm53_specs import MTP_LAYERS, Shape, build, text_config, vllm_config
+    docstring of `capacity.glm53_specs` for what stands in for the checkpoint)."""
+    from capacity.glm53_specs import MTP_LAYERS, Shape, build, text_config, vllm_config
 
     args = serve_args(argv)
     spec = json.loads(args.speculative_config) if isinstance(args.speculative_config, str) \
@@ -239,7 +221,7 @@ def largest_fitting(fits: Callable[[int], bool], limit: int) -> int:
     return lo
 
 
-def answer(question: Question) -> dict[str, Any]:
+def answer(question: Question) -> Answer:
     # the server's environment, less its device list: the question sees no device, and an
     # empty CUDA_VISIBLE_DEVICES is what lets vLLM (0.34.0) start on an x86 CPU with PyPI's
     # triton (the leniency of vllm/triton_utils/importing.py for workers without devices yet)
@@ -253,35 +235,29 @@ def answer(question: Question) -> dict[str, Any]:
         config, specs, note = glm53_specs(question.argv, question.env, question.device)
     else:
         config, specs = model_specs(question.argv)
-    plans = [engine_plan(config, specs, b).to_json() for b in question.budgets]
-    notes = [n for n in (note, extensible_note(question)) if n]
-    out: dict[str, Any] = {"vllm": _version(), "architecture": architecture,
-                           "max_model_len": int(config.model_config.max_model_len),
-                           "plans": plans, "notes": notes}  # fmt: skip
+    length = int(config.model_config.max_model_len)
+    plans = tuple(engine_plan(config, specs, b) for b in question.budgets)
+    wanted = None
     if question.for_requests is not None:
-        count, length = question.for_requests
-        out["for"] = smallest_budget_for(config, specs, count, length, question.budgets)
-    refused = [p["budget_bytes"] for p in plans if "refused" in p]
+        count, tokens = question.for_requests
+        wanted = smallest_budget_for(config, specs, count, tokens, question.budgets)
+    refused = [p.budget for p in plans if isinstance(p, Refused)]
+    fix = None
     if refused:  # the two fixes, with numbers
-        length = int(config.model_config.max_model_len)
-        out["fix"] = {
-            "smallest_budget": smallest_budget_for(config, specs, 1, length, question.budgets),
-            "largest_context": [{"budget_bytes": b,
-                                 "max_model_len": largest_context_for(config, specs, b)}
-                                for b in refused],
-        }  # fmt: skip
-    if question.largest_context:
-        count = question.largest_context
-        out["largest_context"] = [
-            {"budget_bytes": b, "requests": count,
-             "max_model_len": largest_context_for(config, specs, b, count)}
-            for b in question.budgets
-        ]  # fmt: skip
-    return out
+        fix = Fix(smallest_budget_for(config, specs, 1, length, question.budgets),
+                  tuple(LargestContext(b, 1, largest_context_for(config, specs, b))
+                        for b in refused))  # fmt: skip
+    largest = tuple(
+        LargestContext(b, question.largest_context,
+                       largest_context_for(config, specs, b, question.largest_context))
+        for b in question.budgets if question.largest_context
+    )  # fmt: skip
+    notes = tuple(n for n in (note, extensible_note(question)) if n)
+    return Answer(_version(), architecture, length, plans, notes, wanted, fix, largest)
 
 
 def smallest_budget_for(config: Any, specs: dict[str, Any], count: int, length: int,
-                        budgets: tuple[int, ...]) -> dict[str, Any]:  # fmt: skip
+                        budgets: tuple[int, ...]) -> SmallestBudget:  # fmt: skip
     """The smallest budget holding `count` concurrent requests of `length` tokens, planned."""
 
     def holds(budget: int) -> bool:
@@ -289,8 +265,9 @@ def smallest_budget_for(config: Any, specs: dict[str, Any], count: int, length: 
         return isinstance(plan, EnginePlan) and plan.max_concurrency >= count
 
     need = smallest_budget(holds, max(budgets, default=1 << 30))
-    return {"requests": count, "tokens": length,
-            "smallest_budget": engine_plan(config, specs, need, length).to_json()}  # fmt: skip
+    plan = engine_plan(config, specs, need, length)
+    assert isinstance(plan, EnginePlan), "holds(need) planned it"
+    return SmallestBudget(count, length, plan)
 
 
 def largest_context_for(config: Any, specs: dict[str, Any], budget: int, count: int = 1) -> int:
@@ -300,18 +277,17 @@ def largest_context_for(config: Any, specs: dict[str, Any], budget: int, count: 
         plan = engine_plan(config, specs, budget, length)
         return not isinstance(plan, Refused) and plan.max_concurrency >= count
 
-    return largest_fitting(holds, 1 << 26)
+    return largest_fitting(holds, LONGEST_CONTEXT)
 
 
 def main(argv: list[str]) -> int:
     question = Question.from_json(json.loads(argv[0]))
     try:
-        result = answer(question)
+        result: Answer | Unanswerable = answer(question)
     except Unsupported as err:
-        print(ANSWER + json.dumps({"unsupported": str(err), "vllm": _version()}), flush=True)
-        return UNSUPPORTED_EXIT
-    print(ANSWER + json.dumps(result), flush=True)
-    return 0
+        result = Unanswerable(_version(), str(err))
+    print(ANSWER + json.dumps(result.to_json()), flush=True)
+    return UNSUPPORTED_EXIT if isinstance(result, Unanswerable) else 0
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
-"""`make capacity`: the KV cache a profile will get, asked of the profile's own image before start.
+"""The host side of `make capacity`: the KV cache a profile will get, asked of the profile's
+own image before it starts.
 
-The host side: the question (budgets, `--for NxL`, `--largest-context`) from typed values, the
-container that answers it (the profile's image, the checkout's `kvgeometry` and `launch` mounted
-as compose mounts them, no network, no GPU: `python -m kvgeometry.capacity` runs vLLM's engine
-core sizing on the CPU), a cache of answers per question and image, and the printed report. The
-numbers all come from that vLLM; this module only asks, keeps and prints.
+The question (budgets, `--for NxL`, `--largest-context`) from typed values; the container that
+answers it (the profile's image, the checkout's packages mounted at /opt/kit as compose mounts
+them, no network, no GPU: `python -m capacity.engine` runs vLLM's engine core sizing on the
+CPU); a cache of answers per question and image; the start's prediction. The numbers all come
+from that vLLM; this module only asks and keeps (`capacity.report` prints).
 """
 
 from __future__ import annotations
@@ -14,16 +15,21 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from kvgeometry.capacity import ANSWER, Question
+from capacity.answer import Answer, BudgetPlan, EnginePlan, Unanswerable, answer_from_json
+from capacity.question import ANSWER, Question
 from launch.compose_files import KIT_PACKAGES
 from launch.errors import UsageError
 from launch.plan import Plan
 from launch.sizes import GIB
 
 KIT_ROOT = Path(__file__).resolve().parent.parent
+MOUNTED = (*KIT_PACKAGES, "capacity")
+"""What the question's container mounts at /opt/kit: the packages a serving container mounts,
+and this one."""
 
+KV_CACHE_SIZE = "KV cache size:"
+"""How vLLM's engine core opens the line with the cache's tokens and concurrency."""
 TABLE_GIB = (8, 12, 16, 24, 32, 48, 64)
 """Budgets shown for a profile sized by gpu_memory_utilization (its budget is known only after
 the weights load)."""
@@ -90,32 +96,32 @@ def cache_key(question: Question, image: str) -> str:
     content, so a rebuilt image is a new key, and a hit needs no Docker engine), and per
     checkout of the code that answers (the mounted packages)."""
     code = hashlib.sha256()
-    for package in KIT_PACKAGES:
+    for package in MOUNTED:
         for path in sorted((KIT_ROOT / package).rglob("*.py")):
             code.update(path.read_bytes())
     blob = json.dumps([question.to_json(), image, code.hexdigest()], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
-def read_answer(stdout: str) -> dict[str, Any] | None:
+def read_answer(stdout: str) -> Answer | Unanswerable | None:
     """The answer line of the container's output, if it printed one."""
     for line in reversed(stdout.splitlines()):
         if line.startswith(ANSWER):
-            return dict(json.loads(line[len(ANSWER):]))
+            return answer_from_json(json.loads(line[len(ANSWER):]))
     return None
 
 
-def ask_image(image: str, question: Question) -> tuple[dict[str, Any] | None, str]:
+def ask_image(image: str, question: Question) -> tuple[Answer | Unanswerable | None, str]:
     """Run the question in `image` (Docker Engine API): its answer and its output."""
     from launch.docker_api import connect
 
     client = connect("start the Docker engine; `make capacity` runs the profile's image")
-    volumes = {str(KIT_ROOT / m): {"bind": f"/opt/kit/{m}", "mode": "ro"} for m in KIT_PACKAGES}
+    volumes = {str(KIT_ROOT / m): {"bind": f"/opt/kit/{m}", "mode": "ro"} for m in MOUNTED}
     env = {"PYTHONPATH": "/opt/kit", "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1",
-           "CUDA_VISIBLE_DEVICES": ""}  # the question's own environment: kvgeometry.capacity.answer
+           "CUDA_VISIBLE_DEVICES": ""}  # the question's own environment: capacity.engine.answer
     container = client.containers.run(
         image, [json.dumps(question.to_json())], entrypoint=["python3", "-m",
-        "kvgeometry.capacity"], environment=env, volumes=volumes, network_mode="none",
+        "capacity.engine"], environment=env, volumes=volumes, network_mode="none",
         detach=True)  # fmt: skip
     try:
         container.wait()
@@ -127,12 +133,14 @@ def ask_image(image: str, question: Question) -> tuple[dict[str, Any] | None, st
     return read_answer(stdout), out
 
 
-def cached_answer(image: str, question: Question) -> dict[str, Any] | None:
+def cached_answer(image: str, question: Question) -> Answer | None:
     path = cache_dir() / f"{cache_key(question, image)}.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    if not path.is_file():
+        return None
+    return Answer.from_json(json.loads(path.read_text(encoding="utf-8")))
 
 
-def predict(image: str, question: Question, *, cached: bool = True) -> tuple[dict[str, Any], bool]:
+def predict(image: str, question: Question, *, cached: bool = True) -> tuple[Answer, bool]:
     """The answer for `question` in `image` (pulled if absent), from the cache when it holds one
     (and whether it did). An answer naming what this vLLM cannot build is a UsageError; a
     crash is an error."""
@@ -143,80 +151,14 @@ def predict(image: str, question: Question, *, cached: bool = True) -> tuple[dic
     if answer is None:
         tail = "\n".join(out.strip().splitlines()[-15:])
         raise RuntimeError(f"the capacity question failed in {image}:\n{tail}")
-    if "unsupported" in answer:
-        raise UsageError("profile", question.architecture, f"vLLM {answer.get('vllm')} in "
-                         f"{image} cannot answer: {answer['unsupported']}",
+    if isinstance(answer, Unanswerable):
+        raise UsageError("profile", question.architecture, f"vLLM {answer.vllm} in "
+                         f"{image} cannot answer: {answer.why}",
                          "run it in the image that has it (IMAGE_SOURCE), or ask another "
                          "profile")  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(answer), encoding="utf-8")
+    path.write_text(json.dumps(answer.to_json()), encoding="utf-8")
     return answer, False
-
-
-def _gib(size: int) -> str:
-    return f"{size:,} bytes ({size / GIB:.2f} GiB)"
-
-
-def plan_lines(plan: dict[str, Any]) -> list[str]:
-    """One budget's figures as the engine will log them, then the geometry report's fields."""
-    if "refused" in plan:
-        return [f"budget {_gib(plan['budget_bytes'])}: the engine refuses to start:",
-                f"  {plan['refused']}"]  # fmt: skip
-    g = plan["geometry"]
-    said = [line for line in plan["engine_lines"]
-            if "KV cache size:" in line or line.startswith("KV cache geometry:")]  # fmt: skip
-    lines = [f"budget {_gib(plan['budget_bytes'])}", "  the start will log:"]
-    lines += [f"    {line}" for line in said]
-    lines.append(f"  blocks {plan['num_blocks']:,}  pool stride {g['stride_bytes']:,} B  tokens "
-                 f"{plan['tokens']:,}  max concurrency {plan['max_concurrency']:.2f}x at "
-                 f"{plan['max_model_len']:,} tokens  scheduler block {g['scheduler_block']}  "
-                 f"hash block {g['hash_block']}")  # fmt: skip
-    for group in g["groups"]:
-        lines.append(f"  group {group['group']:>2} {group['role']:<10} block "
-                     f"{group['block_size']:>5}  page {group['page_bytes']:>10,} B  layers "
-                     f"{group['layers']:>2}  cp {group['cp_size']}")  # fmt: skip
-    return lines
-
-
-def format_answer(profile: str, image: str, budgets: Budgets, answer: dict[str, Any],
-                  cached: bool) -> str:  # fmt: skip
-    cache = ", cached answer" if cached else ""
-    lines = [f"capacity: {profile} in {image} (vLLM {answer['vllm']}, planned on the CPU{cache})",
-             f"budget from {budgets.source}"]  # fmt: skip
-    lines += [f"note: {note}" for note in answer.get("notes", [])]
-    for plan in answer["plans"]:
-        lines += plan_lines(plan)
-    wanted = answer.get("for")
-    if wanted:
-        need = wanted["smallest_budget"]
-        lines.append(f"smallest budget for {wanted['requests']} concurrent requests of "
-                     f"{wanted['tokens']:,} tokens: {_gib(need['budget_bytes'])} "
-                     f"({need['num_blocks']:,} blocks, "
-                     f"{need['max_concurrency']:.2f}x)")  # fmt: skip
-    for item in answer.get("largest_context") or []:
-        lines.append(f"largest max_model_len {item['requests']} request(s) fit in "
-                     f"{_gib(item['budget_bytes'])}: {item['max_model_len']:,} tokens (the "
-                     "cache's limit; the model's own maximum may be lower)")  # fmt: skip
-    return "\n".join(lines)
-
-
-def refusal(answer: dict[str, Any], budgets: Budgets) -> UsageError | None:
-    """The error for a budget the engine would refuse: its own reason and both fixes with
-    numbers (the smallest budget that holds one request; the largest context this one holds)."""
-    refused = [p for p in answer["plans"] if "refused" in p]
-    if not refused:
-        return None
-    plan, fix = refused[0], answer["fix"]
-    need = fix["smallest_budget"]["smallest_budget"]["budget_bytes"]
-    largest = next(f["max_model_len"] for f in fix["largest_context"]
-                   if f["budget_bytes"] == plan["budget_bytes"])  # fmt: skip
-    field = "budget" if budgets.source == "--budget" else "KV_CACHE_MEMORY"
-    shorter = (f"MAX_MODEL_LEN={largest} (the longest request {_gib(plan['budget_bytes'])} "
-               "holds)") if largest else "no max_model_len fits this budget"
-    return UsageError(field, plan["budget_bytes"],
-                      f"the engine would refuse to start: {plan['refused']}",
-                      f"KV_CACHE_MEMORY={need} ({need / GIB:.2f} GiB, the smallest that holds one "
-                      f"{plan['max_model_len']:,}-token request), or {shorter}")  # fmt: skip
 
 
 class NotPredicted(Exception):
@@ -230,32 +172,35 @@ class StartPrediction:
 
     image: str
     budgets: Budgets
-    answer: dict[str, Any]
+    answer: Answer
     cached: bool
     max_num_seqs: int | None
 
     @property
-    def plan(self) -> dict[str, Any]:
-        return dict(self.answer["plans"][0])
+    def plan(self) -> BudgetPlan:
+        return self.answer.plans[0]
 
     def summary(self) -> str:
-        said = [line for line in self.plan.get("engine_lines", []) if "KV cache size:" in line]
-        what = said[0] if said else f"refused: {self.plan.get('refused')}"
+        plan = self.plan
+        said = plan.said(KV_CACHE_SIZE) if isinstance(plan, EnginePlan) else []
+        what = said[0] if said else f"refused: {getattr(plan, 'why', '')}"
         cache = ", cached" if self.cached else ""
-        return f"capacity predicted by vLLM {self.answer['vllm']} in the image{cache}: {what}"
+        return f"capacity predicted by vLLM {self.answer.vllm} in the image{cache}: {what}"
 
     def short_warning(self) -> str | None:
         """A predicted concurrency below max_num_seqs, with the two fixes' numbers."""
         plan, seqs = self.plan, self.max_num_seqs
-        if "refused" in plan or not seqs or plan["max_concurrency"] >= seqs:
+        if not isinstance(plan, EnginePlan) or not seqs or plan.max_concurrency >= seqs:
             return None
-        need = self.answer["for"]["smallest_budget"]["budget_bytes"]
-        longest = self.answer["largest_context"][0]["max_model_len"]
+        wanted, longest = self.answer.for_requests, self.answer.largest_context
+        if wanted is None or not longest:
+            return None
+        need = wanted.plan.budget
         fix = f"KV_CACHE_MEMORY={need} ({need / GIB:.2f} GiB) holds {seqs}"
-        if longest:
-            fix += f", or MAX_MODEL_LEN={longest} does"
-        return (f"warning: the predicted KV cache holds {plan['max_concurrency']:.2f} requests of "
-                f"{plan['max_model_len']:,} tokens at once, fewer than max_num_seqs {seqs}: "
+        if longest[0].max_model_len:
+            fix += f", or MAX_MODEL_LEN={longest[0].max_model_len} does"
+        return (f"warning: the predicted KV cache holds {plan.max_concurrency:.2f} requests of "
+                f"{plan.max_model_len:,} tokens at once, fewer than max_num_seqs {seqs}: "
                 f"{fix}")  # fmt: skip
 
 
