@@ -13,7 +13,7 @@ CPU_ENV := VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 CUDA_VISIBLE_DEVICES=
 PRISTINE_VLLM = $(shell $(TEST_PY) -c 'import importlib.util as u; print(u.find_spec("vllm").submodule_search_locations[0])')
 PATCHED := $(TEST_VENV)/vllm-patched
 
-.PHONY: help test lint plan configure doctor fetch capacity up down logs pin build build-cpu smoke bench compare \
+.PHONY: help test lint plan configure doctor fetch capacity up down logs pin build build-cpu smoke bench compare demo \
 	soak top bench-client patched-vllm patches-report lock e2e
 
 help:
@@ -25,6 +25,7 @@ help:
 	@echo "make capacity PROFILE=name   the KV cache it will get (vLLM's sizing in its image, CPU)"
 	@echo "make up PROFILE=name      configure, then docker compose up -d"
 	@echo "make down / make logs     stop / follow what compose/.env runs"
+	@echo "make demo                 no GPU: build what is missing, serve cpu-tiny, smoke it, leave it up"
 	@echo "make e2e                  the whole user path on the CPU image, no GPU (Docker needed)"
 	@echo "make smoke PROFILE=name   check a started server against its profile"
 	@echo "make bench PROFILE=name   qualification bench against a started server (receipt in results/)"
@@ -121,6 +122,12 @@ build: $(KIT_STAMP)
 
 build-cpu: $(KIT_STAMP)
 	$(KIT_PY) docker/build.py --engine cpu $(if $(TAG),--tag $(TAG)) $(BUILD_ARGS)
+
+# No GPU needed: the Debian base and the CPU image when missing (pinned as this engine's image ID,
+# no registry), cpu-tiny started with plain compose, healthy, `make smoke`; left running
+# (launch/demo.py). A second run reuses all of it. BUILD_ARGS as for build-cpu.
+demo: $(KIT_STAMP)
+	$(KIT_PY) -m launch demo $(if $(BUILD_ARGS),--build-args "$(BUILD_ARGS)")
 
 # The whole user path on a real Docker engine and vLLM's CPU build (tests/e2e/run.py): build,
 # push, pin, compose up by digest, smoke, bench, router, failures, down. Needs dockerd, the

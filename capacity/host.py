@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from capacity.answer import Answer, BudgetPlan, EnginePlan, Unanswerable, answer
 from capacity.question import ANSWER, Question
 from launch.compose_files import KIT_PACKAGES
 from launch.errors import UsageError
+from launch.kit_cache import kit_cache_dir
 from launch.plan import Plan
 from launch.sizes import GIB
 
@@ -81,14 +81,8 @@ def question_for(plan: Plan, budgets: Budgets, for_requests: tuple[int, int] | N
                     for_requests, largest_context)  # fmt: skip
 
 
-CACHE_VAR = "KIT_CACHE_DIR"
-"""Where the kit keeps what it can ask again (default: $XDG_CACHE_HOME/glm53-kit, else
-~/.cache/glm53-kit); the tests point it at a directory of their own."""
-
-
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(os.environ.get(CACHE_VAR) or Path(base) / "glm53-kit") / "capacity"
+    return kit_cache_dir() / "capacity"
 
 
 def cache_key(question: Question, image: str) -> str:

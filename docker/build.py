@@ -14,7 +14,7 @@ whether the image accepts it), which pip reads through `--find-links`; with `--t
 again within its one RUN. So no input is in any layer of the image.
 
     python docker/build.py [--engine cuda|cpu] [--tag NAME:TAG] [--trust-host-ca]
-        [--torch-wheel FILE] [--allow-dirty] [--dry-run]
+        [--torch-wheel FILE] [--allow-dirty] [--base-id ID] [--dry-run]
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "docker")]
 
 from source_lock import ENGINE_LOCKS, encode, source_lock  # noqa: E402
 
-from launch.docker_api import bridge_address, connect  # noqa: E402
+from launch.docker_api import bridge_address, connect, local_image_id  # noqa: E402
 from launch.errors import USAGE_EXIT, UsageError  # noqa: E402
-from launch.image_lock import BASES, resolve_image  # noqa: E402
+from launch.image_lock import BASES, is_local_id, resolve_image  # noqa: E402
 
 HOST_CA_DIR = Path("/usr/local/share/ca-certificates")
 TORCH_CPU = re.compile(
@@ -156,6 +156,19 @@ def served(directory: Path) -> Iterator[str]:
         server.server_close()
 
 
+def local_base(image_id: str) -> str:
+    """A base that exists only on this engine, by its ID (the content digest of its config, so
+    the source lock still names exactly what the image was built from)."""
+    if not is_local_id(image_id):
+        raise UsageError("--base-id", image_id, "is not an image ID (sha256:<64 hex>)",
+                         "give the ID `docker image inspect --format {{.Id}} TAG` prints")
+    if local_image_id(connect("build from a pinned base instead"), image_id) is None:
+        raise UsageError("--base-id", image_id, "is not an image on this Docker engine",
+                         "make the base first (`python docker/debian_base.py --engine cpu --tag "
+                         "TAG` prints its ID)")  # fmt: skip
+    return image_id
+
+
 def build_argv(engine: str, tag: str, base: str, commit: str, lock_sha: str,
                inputs_url: str = "") -> list[str]:  # fmt: skip
     return [
@@ -192,10 +205,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="build from modified tracked files (labelled <sha>-dirty)",
     )
+    parser.add_argument("--base-id", help="build from this engine's image ID instead of the "
+                        "lock's base (`make demo`'s Debian base, made here and never pushed)")
     parser.add_argument("--dry-run", action="store_true", help="print the build command only")
     args = parser.parse_args(argv)
     try:
-        base = resolve_image(BASES[args.engine], os.environ)
+        base = local_base(args.base_id) if args.base_id else resolve_image(BASES[args.engine],
+                                                                           os.environ)
         commit = kit_commit(args.allow_dirty)
         if args.torch_wheel is not None and not args.torch_wheel.is_file():
             raise UsageError(

@@ -13,7 +13,9 @@ an image, and the tag is pushed so it can be pinned by digest like every image.
           where the toolkit will be (CUDA_HOME, its bin on PATH, LIBRARY_PATH at the link-time
           libcuda stub). The CPU base carries none of it.
     prometheus  Debian 13's Prometheus for the monitoring compose profile (`make up
-          MONITORING=1`), as its package runs it: user prometheus, data in /var/lib/prometheus.
+          MONITORING=1`) where prom/prometheus cannot be pulled, laid out like it: the
+          package's user prometheus owns the data directory /prometheus (the publisher
+          image's), so one compose service runs either.
 
     python docker/debian_base.py --engine cuda --tag 127.0.0.1:5000/glm53/debian:trixie [--push]
 """
@@ -68,13 +70,13 @@ BASES = {
         ),
     ),
     # Not a base: the monitoring profile's Prometheus, Debian 13's own package (2.53), run as the
-    # package's unprivileged user with its data in the package's data directory (a volume).
+    # package's unprivileged user with its data in /prometheus (a volume), as prom/prometheus.
     "prometheus": Base(
         "trixie",
         ("prometheus",),
-        config=("USER prometheus", "WORKDIR /var/lib/prometheus",
+        config=("USER prometheus", "WORKDIR /prometheus",
                 'ENTRYPOINT ["/usr/bin/prometheus"]', "EXPOSE 9090"),
-        customize=('chroot "$1" chown prometheus:prometheus /var/lib/prometheus',),
+        customize=('chroot "$1" install -d -o prometheus -g prometheus /prometheus',),
     ),
 }
 

@@ -46,7 +46,8 @@ def encode(lock: dict[str, object]) -> bytes:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--engine", choices=sorted(ENGINE_LOCKS), default="cuda")
-    parser.add_argument("--base", required=True, help="base image digest reference")
+    parser.add_argument("--base", required=True,
+                        help="base image digest reference, or this engine's image ID (make demo)")
     parser.add_argument("--commit", required=True, help="kit commit the image is built from")
     parser.add_argument("--write", type=Path, help="write the lock to this path")
     parser.add_argument("--expect-sha256", help="fail unless the lock hashes to this")

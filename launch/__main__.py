@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from launch.commands import (
     capacity_cmd,
     configure_cmd,
+    demo_cmd,
     doctor_cmd,
     fetch_cmd,
     list_cmd,
@@ -20,7 +21,7 @@ from launch.commands import (
 from launch.errors import USAGE_EXIT, UsageError
 
 COMMANDS = (list_cmd, render_cmd, doctor_cmd, run_cmd, configure_cmd, fetch_cmd, up_cmd,
-            pin_cmd, capacity_cmd)  # fmt: skip
+            pin_cmd, capacity_cmd, demo_cmd)  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,6 +18,9 @@ import yaml
 
 from launch.image_lock import COMPOSE_DIR, COMPOSE_FILE
 
+PROJECT = "glm53"
+"""The compose project (`name:` in compose/compose.yaml): its containers carry the label
+`com.docker.compose.project=glm53`."""
 KIT_PACKAGES = ("launch", "kvgeometry")
 """The packages compose mounts into an image without the kit (compose/compose.yaml), at
 /opt/kit; `make capacity` mounts them the same way."""

@@ -43,8 +43,9 @@ MAKE_FIRST = {
     "kit": "build the CUDA image first (`make build TAG=glm53-kit:local`, docs/images.md: its "
            "Debian 13 base, then the build), or run the profile on its qualified runtime with "
            "IMAGE_SOURCE=qualified",
-    "cpu": "build the CPU image first (`make build-cpu TAG=glm53-kit-cpu:local`, docs/images.md: "
-           "its Debian 12 base, then the build)",
+    "cpu": "run `make demo` (it builds the CPU image and its Debian 12 base, pins the image "
+           "and starts cpu-tiny), or build it yourself first (`make build-cpu "
+           "TAG=glm53-kit-cpu:local`, docs/images.md: its Debian 12 base, then the build)",
     "base": "make the Debian 13 base first (`python docker/debian_base.py --engine cuda --tag "
             "REPO:TAG --push`)",
     "cpu-base": "make the Debian 12 base first (`python docker/debian_base.py --engine cpu --tag "

@@ -26,12 +26,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from launch import docker_api
+from launch.compose_files import PROJECT
 from launch.docker_api import engine_errors
 from launch.errors import UsageError
 from smoke.logparse import NO_CAUSE, LogParser, root_cause_of
 
-PROJECT = "glm53"
-"""The compose project (`name:` in compose/compose.yaml)."""
 SERVICE_PREFIX = "vllm"
 """The vLLM services: `vllm`, or `vllm-0`, `vllm-1`, ... behind the router."""
 

@@ -46,9 +46,9 @@ def hermetic_settings(tmp_path_factory: pytest.TempPathFactory,
     tracked one, and the secret files fresh paths too. Subprocesses inherit them through
     KIT_ENV_FILE, KIT_IMAGES_LOCK, KIT_API_KEY_FILE and HF_TOKEN_PATH. The kit's cache of
     answers (`make capacity`'s) is the test's own too (KIT_CACHE_DIR), never the user's."""
-    from capacity.host import CACHE_VAR
     from launch.compose_env import ENV_FILE_VAR
     from launch.image_lock import COMPOSE_DIR, LOCK_VAR
+    from launch.kit_cache import CACHE_VAR
     from launch.overrides import ENV_OVERRIDES
 
     for name in (*ENV_OVERRIDES, *USER_VARIABLES):

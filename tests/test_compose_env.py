@@ -52,7 +52,11 @@ def test_secrets_and_build_leftovers_stay_out_of_git_and_the_build_context():
     dockerignore = (REPO / ".dockerignore").read_text().splitlines()
     assert dockerignore[dockerignore.index("*")] == "*"
     allowed = {line[1:].rstrip("/") for line in dockerignore if line.startswith("!")}
-    assert allowed == {"docker", "launch", "smoke", "kvgeometry", "patches"}
+    # exactly what the Dockerfile copies (a package missing here fails the build at its COPY)
+    copied = {source.split("/")[0] for line in (REPO / "Dockerfile").read_text().splitlines()
+              if line.startswith("COPY ") for source in line.split()[1:-1]}  # fmt: skip
+    assert allowed == copied
+    assert {"docker", "launch", "smoke", "kvgeometry", "capacity", "patches"} <= allowed
 
 
 def test_env_values_are_read_as_compose_reads_them(tmp_path):

@@ -9,6 +9,7 @@ and are rendered only."""
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from pathlib import Path
 
@@ -157,8 +158,27 @@ def test_replicas_are_scraped_each(pinned):
     assert "29000" not in json.dumps(resolved["services"]["router"]["ports"])
 
 
+PUBLISHED_PROMETHEUS = re.compile(r"^prom/prometheus@sha256:[0-9a-f]{64}$")
+
+
+def test_the_default_prometheus_is_the_publishers_by_digest():
+    """The tracked lock (conftest's copy of it) gives the monitoring profile prom/prometheus by
+    its index digest, and the real Compose binary renders it with the kit's command, data
+    directory and scrape configuration."""
+    write_lock({"CPU_IMAGE": IMAGE})
+    tracked = read_lock(REPO / "compose" / "images.lock")["PROMETHEUS_IMAGE"]
+    assert PUBLISHED_PROMETHEUS.match(tracked)
+    values = configure(plan_of("cpu-tiny"), Settings(), monitoring=True).values
+    assert values["PROMETHEUS_IMAGE"] == tracked
+    prometheus = config_of({**values, "IMAGE": IMAGE})["services"]["prometheus"]
+    assert prometheus["image"] == tracked
+    assert "--storage.tsdb.path=/prometheus" in prometheus["command"]
+    assert [(v["source"], v["target"]) for v in prometheus["volumes"]] == [
+        ("prometheus-data", "/prometheus")]
+
+
 def test_monitoring_without_a_pinned_prometheus_is_refused_naming_the_pin():
-    write_lock({"CPU_IMAGE": IMAGE})  # the profile's image is pinned, Prometheus is not
+    write_lock({"CPU_IMAGE": IMAGE, "PROMETHEUS_IMAGE": ""})  # the profile's image only
     with pytest.raises(UsageError) as refused:
         configure(plan_of("cpu-tiny"), Settings(), monitoring=True)
     message = str(refused.value)

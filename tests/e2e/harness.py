@@ -28,6 +28,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from launch.compose_env import DEFAULT_ENV_PATH  # noqa: E402
+from launch.compose_files import PROJECT  # noqa: E402
 from launch.image_lock import COMPOSE_DIR, LOCK_VAR, read_lock, write_lock  # noqa: E402
 from smoke.bench.metrics import parse_counter  # noqa: E402
 from smoke.containers import restarting  # noqa: E402
@@ -35,7 +36,6 @@ from smoke.containers import restarting  # noqa: E402
 ENV_PATH = DEFAULT_ENV_PATH
 """The lane runs what users type: plain `docker compose` in compose/ reads compose/.env."""
 PROFILE = "cpu-tiny"
-PROJECT = "glm53"
 SERVICE = "vllm"
 REGISTRY = os.environ.get("E2E_REGISTRY", "127.0.0.1:5000")
 HOST_PORT = 8000
@@ -66,6 +66,8 @@ class RunState:
     """What the image lanes made: name -> reference (tags, the pinned digest, the local ID)."""
     api_key: str | None = None
     """The key the running server was started with (the access step leaves it serving)."""
+    demo_container: str | None = None
+    """The ID of the server `make demo` started (a second run must keep it)."""
 
     def image(self, name: str) -> str:
         if name not in self.images:

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from launch.compose_env import ENV_FILE_VAR
 from launch.image_lock import COMPOSE_DIR, LOCK_VAR
+from launch.kit_cache import CACHE_VAR
 from launch.settings import SECRETS_DIR
 from tests.e2e.harness import ENV_PATH, HF_CACHE_VOLUME, Beside, Run, Step
 from tests.e2e.steps import (
@@ -33,6 +34,7 @@ from tests.e2e.steps import (
     bench,
     capacity,
     clients,
+    demo,
     faults,
     images,
     monitoring,
@@ -46,16 +48,17 @@ from tests.e2e.steps import (
 BESIDE = Beside((monitoring.PROMETHEUS_IMAGE, recorded.SPECULATION, images.CUDA_BASE,
                  images.CUDA_BUILD, images.CUDA_LAYERS, images.CUDA_SELFCHECK,
                  images.CUDA_PIN))  # fmt: skip
-"""The image builds that run beside the CPU image's (harness.Beside)."""
-BESIDE_START = Step("the Prometheus and CUDA images start building beside the CPU image",
+"""The image builds that run beside `make demo` (harness.Beside)."""
+BESIDE_START = Step("the Prometheus and CUDA images start building beside make demo",
                     BESIDE.start, (images.ENGINE,))  # fmt: skip
 BESIDE_JOIN = Step("the images built beside are done", BESIDE.join, (BESIDE_START,))
 
 STEPS: tuple[Step, ...] = (
     images.ENGINE,
     BESIDE_START,
-    images.CPU_BASE,
-    images.CPU_BUILD,
+    demo.DEMO,
+    demo.AGAIN,
+    demo.ANSWERS,
     images.CPU_LAYERS,
     images.PUSH,
     images.PIN,
@@ -95,7 +98,8 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="kit-e2e-"))
     lock = work / "images.lock"
     shutil.copy2(COMPOSE_DIR / "images.lock", lock)
-    env = {**os.environ, LOCK_VAR: str(lock), "HF_CACHE_VOLUME": HF_CACHE_VOLUME}
+    env = {**os.environ, LOCK_VAR: str(lock), "HF_CACHE_VOLUME": HF_CACHE_VOLUME,
+           CACHE_VAR: str(work / "cache")}
     for name in ("IMAGE", "PROFILE", "COMPOSE_FILE", ENV_FILE_VAR):
         env.pop(name, None)
     saved_env = work / "user.env"

@@ -1,8 +1,9 @@
-"""The image lane, shared by the CPU and the CUDA image: a Debian base from Debian's packages,
-pinned; the image built from the Dockerfile; no build input left in any layer. Then, for the
-CPU image, the registry path (push, `make pin`, the local copy removed so compose must pull by
-digest), and for the CUDA image, its self-check without a GPU, `make pin LOCAL=1` and
-`docker compose config` of both GLM profiles against it. The last step removes every image and
+"""The image lanes: for the CUDA image, a Debian base from Debian's packages, pinned, and the
+image built from the Dockerfile (the CPU image's are `make demo`'s, tests/e2e/steps/demo.py);
+for both, no build input left in any layer. Then, for the CPU image, the registry path (push,
+`make pin`, every local copy removed so compose must pull by digest), and for the CUDA image,
+its self-check without a GPU, `make pin LOCAL=1` and `docker compose config` of both GLM
+profiles against it. The last step removes every image and
 volume the run made."""
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from tests.e2e.harness import (
     make,
     volumes,
 )
+from tests.e2e.steps.demo import DEMO
 
 
 @dataclass(frozen=True)
@@ -194,7 +196,10 @@ def layers(lane: ImageLane, run: Run) -> str:
 
 
 def push(run: Run) -> str:
-    out = run.sh(["docker", "push", run.state.image("cpu")], timeout=900).stdout
+    """The image `make demo` built, tagged for the registry and pushed."""
+    run.sh(["docker", "tag", run.state.image("cpu"), CPU.tag])
+    run.state.images["cpu-registry"] = CPU.tag
+    out = run.sh(["docker", "push", CPU.tag], timeout=900).stdout
     match = re.search(r"digest: (sha256:[0-9a-f]{64})", out)
     if match is None:
         raise StepFailed(f"docker push printed no digest: {out[-200:]!r}")
@@ -203,7 +208,7 @@ def push(run: Run) -> str:
 
 
 def pin(run: Run) -> str:
-    make(run, "pin", f"IMAGE={run.state.image('cpu')}", "SOURCE=cpu")
+    make(run, "pin", f"IMAGE={CPU.tag}", "SOURCE=cpu")
     pinned = run.lock["CPU_IMAGE"]
     want = f"{REGISTRY}/glm53/kit-cpu@{run.state.image('cpu-digest')}"
     if pinned != want:
@@ -213,13 +218,17 @@ def pin(run: Run) -> str:
 
 
 def remove_local(run: Run) -> str:
+    """The demo's server stopped and every local name of its image removed, so the image is
+    gone from the engine and compose must pull the pinned digest from the registry."""
     ref = run.state.image("cpu-pinned")
-    run.sh(["docker", "image", "rm", run.state.image("cpu")])
-    if image_present(run, ref):
-        run.sh(["docker", "image", "rm", ref])
-    if image_present(run, ref):
-        raise StepFailed(f"{ref} is still present locally")
-    return "local copy removed; compose must pull it"
+    compose_down(run)
+    for name in (run.state.image("cpu"), CPU.tag, ref):
+        if image_present(run, name):
+            run.sh(["docker", "image", "rm", name])
+    left = [r for r in (ref, run.state.image("cpu-demo")) if image_present(run, r)]
+    if left:
+        raise StepFailed(f"still present locally: {left}")
+    return "the demo's server stopped, its image removed; compose must pull the digest"
 
 
 def cuda_selfcheck(run: Run) -> str:
@@ -282,7 +291,8 @@ def remove_images(run: Run) -> str:
     images = run.state.images
     # children before the bases they were built on
     refs = [r for r in (CUDA.tag, images.get("cuda-base"), images.get("cpu-pinned"),
-                        images.get("cpu-base"), images.get("prometheus")) if r]  # fmt: skip
+                        images.get("cpu"), images.get("cpu-registry"), images.get("cpu-base"),
+                        images.get("prometheus")) if r]  # fmt: skip
     present = [r for r in refs if image_present(run, r)]
     for ref in present:
         run.sh(["docker", "image", "rm", ref])
@@ -293,12 +303,9 @@ def remove_images(run: Run) -> str:
 
 
 ENGINE = Step("docker engine, compose, registry", engine)
-CPU_BASE = Step("Debian base image from Debian's packages, pinned", lambda r: base(CPU, r),
-                (ENGINE,))  # fmt: skip
-CPU_BUILD = Step("build the CPU image from the Dockerfile", lambda r: build(CPU, r), (CPU_BASE,))
-CPU_LAYERS = Step("no build input in any layer (CPU image)", lambda r: layers(CPU, r),
-                  (CPU_BUILD,))  # fmt: skip
-PUSH = Step("push to the local registry", push, (CPU_BUILD,))
+CPU_LAYERS = Step("no build input in any layer (the CPU image make demo built)",
+                  lambda r: layers(CPU, r), (DEMO,))  # fmt: skip
+PUSH = Step("push to the local registry", push, (DEMO,))
 PIN = Step("make pin", pin, (PUSH,))
 REMOVE_LOCAL = Step("remove the local copy", remove_local, (PIN,))
 CUDA_BASE = Step("CUDA base: Debian 13 from Debian's packages, pinned", lambda r: base(CUDA, r),

@@ -100,14 +100,13 @@ def speculation_panels(run: Run) -> str:
     image = run.lock["PROMETHEUS_IMAGE"]
     run.sh(["docker", "volume", "rm", "--force", VOLUME])
     run.sh(["docker", "run", "--rm", "--entrypoint", "promtool", "-v", f"{source}:/in.om:ro",
-            "-v", f"{VOLUME}:/var/lib/prometheus", image, "tsdb", "create-blocks-from",
-            "openmetrics", "/in.om", "/var/lib/prometheus/metrics2"], timeout=120)  # fmt: skip
+            "-v", f"{VOLUME}:/prometheus", image, "tsdb", "create-blocks-from",
+            "openmetrics", "/in.om", "/prometheus"], timeout=120)  # fmt: skip
     port = 19091
     run.sh(["docker", "rm", "--force", CONTAINER])
     run.sh(["docker", "run", "--detach", "--name", CONTAINER, "-p", f"127.0.0.1:{port}:9090",
-            "-v", f"{VOLUME}:/var/lib/prometheus", image,
-            "--config.file=/etc/prometheus/prometheus.yml",
-            "--storage.tsdb.path=/var/lib/prometheus/metrics2"])  # fmt: skip
+            "-v", f"{VOLUME}:/prometheus", image, "--config.file=/etc/prometheus/prometheus.yml",
+            "--storage.tsdb.path=/prometheus"])  # fmt: skip
     try:
         wait_answering(f"http://127.0.0.1:{port}/-/ready", "Prometheus on the recorded block", 60)
         want = expected(texts)
