@@ -52,7 +52,7 @@ $(KIT_STAMP): pyproject.toml
 	touch $@
 
 lint: $(TEST_STAMP)
-	$(TEST_PY) -m ruff check launch smoke kvgeometry capacity tests patches docker
+	$(TEST_PY) -m ruff check launch smoke serving kvgeometry capacity tests patches docker
 
 # The kit's tests (pristine vLLM where vLLM is used) spread over TEST_WORKERS processes (more
 # than two cores: many tests wait on a server or a timeout; the Docker engine's tests go to one
@@ -169,23 +169,23 @@ lock: $(TEST_STAMP)
 BENCH_ARGS ?=
 bench: $(KIT_STAMP)
 	@test -n "$(PROFILE)" || { echo "usage: make bench PROFILE=<name> [URL=...] [BENCH_ARGS=...]"; exit 2; }
-	$(KIT_PY) -m smoke bench --profile $(PROFILE) $(if $(URL),--url $(URL)) $(BENCH_ARGS)
+	$(KIT_PY) -m serving bench --profile $(PROFILE) $(if $(URL),--url $(URL)) $(BENCH_ARGS)
 
 # A soak against a started server: mixed load at max_num_seqs, a line per minute, a receipt in
 # results/; fails on a failed request or RSS growth past the bound. SOAK_ARGS e.g. "--interval 5m".
 SOAK_ARGS ?=
 soak: $(KIT_STAMP)
 	@test -n "$(PROFILE)" -a -n "$(DURATION)" || { echo "usage: make soak PROFILE=<name> DURATION=30m [URL=...] [SOAK_ARGS=...]"; exit 2; }
-	$(KIT_PY) -m smoke soak --profile $(PROFILE) --duration $(DURATION) $(if $(URL),--url $(URL)) $(SOAK_ARGS)
+	$(KIT_PY) -m serving soak --profile $(PROFILE) --duration $(DURATION) $(if $(URL),--url $(URL)) $(SOAK_ARGS)
 
 # `make top PROFILE=name`: the server (every replica when scaled out) from its /metrics, one
 # screen redrawn each second until Ctrl-C; TOP_ARGS="--once --json" for one interval as JSON.
 top: $(KIT_STAMP)
-	$(KIT_PY) -m smoke top $(if $(PROFILE),--profile $(PROFILE)) $(if $(URL),--url $(URL)) $(TOP_ARGS)
+	$(KIT_PY) -m serving top $(if $(PROFILE),--profile $(PROFILE)) $(if $(URL),--url $(URL)) $(TOP_ARGS)
 
 compare: $(KIT_STAMP)
 	@test -n "$(A)" -a -n "$(B)" || { echo "usage: make compare A=control.json B=candidate.json"; exit 2; }
-	$(KIT_PY) -m smoke compare $(A) $(B)
+	$(KIT_PY) -m serving compare $(A) $(B)
 
 # The client's own throughput and CPU cost against vLLM 0.33.0's bench client (a benchmark).
 bench-client: $(TEST_STAMP)

@@ -1,10 +1,16 @@
-"""Command-line arguments shared by the launch and smoke commands, and the argparse types of the
-numbers a user gives (a bad one exits 2 with argparse's message naming the option)."""
+"""Command-line arguments shared by the launch, smoke and serving commands, the argparse types of
+the numbers a user gives (a bad one exits 2 with argparse's message naming the option), and the
+one dispatcher of `python -m launch|smoke|serving`."""
 
 from __future__ import annotations
 
 import argparse
 import math
+import sys
+from collections.abc import Sequence
+from typing import Protocol
+
+from launch.errors import USAGE_EXIT, UsageError
 
 
 def add_set_argument(parser: argparse.ArgumentParser) -> None:
@@ -71,3 +77,30 @@ def duration(text: str) -> float:
         raise argparse.ArgumentTypeError(
             f"{text[:40]!r} is not a duration such as 90s, 30m or 2h, at most 24h")
     return seconds
+
+
+class Subcommand(Protocol):
+    """A module of a `commands/` folder: its name, its parser, its run."""
+
+    NAME: str
+
+    def add_parser(self, subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+def dispatch(prog: str, description: str | None, commands: Sequence[Subcommand],
+             argv: Sequence[str] | None) -> int:  # fmt: skip
+    """`python -m <prog> <command>`: parse, run the command; a UsageError is one message on
+    stderr and exit 2 (nothing started)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for module in commands:
+        module.add_parser(subparsers)
+    args = parser.parse_args(argv)
+    handler = {m.NAME: m.run for m in commands}[args.command]
+    try:
+        return handler(args)
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return USAGE_EXIT

@@ -19,8 +19,7 @@ from launch.plan import Plan
 from smoke.check import Check, Label, result, skipped
 from smoke.client import CheckFailed, Server, metrics_text
 from smoke.log_facts import LogFacts
-
-CACHE_INFO = "vllm:cache_config_info"
+from smoke.metrics import CACHE_INFO
 
 
 def logged_concurrency(value: float) -> float:

@@ -17,13 +17,6 @@ import time
 from typing import Any
 
 from smoke.api import LENGTH_PROMPT
-from smoke.bench.metrics import (
-    PREFIX_HITS,
-    SpecCounters,
-    acceptance_length,
-    parse_counter,
-    parse_spec_counters,
-)
 from smoke.check import Check, Label, guard
 from smoke.client import (
     FILLER,
@@ -34,6 +27,13 @@ from smoke.client import (
     metrics_text,
     post_json,
     sse_chunks,
+)
+from smoke.metrics import (
+    PREFIX_HITS,
+    SpecCounters,
+    acceptance_length,
+    parse_counter,
+    parse_spec_counters,
 )
 
 PREFIX_BLOCKS = 4

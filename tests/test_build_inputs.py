@@ -24,13 +24,15 @@ def test_a_wheel_left_in_an_earlier_layer_is_found(tmp_path: Path, source: str,
                                                    monkeypatch: pytest.MonkeyPatch):  # fmt: skip
     context = tmp_path / "context"
     context.mkdir()
-    (context / "torch-0-py3-none-any.whl").write_bytes(b"not really a wheel")
+    # content and a tag of its own: two workers that built the same layers shared them through
+    # the build cache, and one's `image rm` deleted an image the other had just taken from it
+    # (CI saw "failed to get digest"); a tag both used was removed by one while the other read it
+    run_id = uuid.uuid4().hex[:16]
+    (context / "torch-0-py3-none-any.whl").write_bytes(f"not really a wheel {run_id}".encode())
     (context / "Dockerfile").write_text(
         "FROM scratch\nCOPY torch-0-py3-none-any.whl /tmp/\nCOPY Dockerfile /marker\n"
     )
-    # a tag of its own: the two parametrizations build the same content, and a tag both used
-    # (tmp_path's name is the same in two workers) was removed by one while the other read it
-    tag = f"kit-test-layers:{uuid.uuid4().hex[:16]}"
+    tag = f"kit-test-layers:{run_id}"
     built = subprocess.run(["docker", "build", "--quiet", "--tag", tag, str(context)],
                            capture_output=True, text=True, timeout=300, check=False,
                            env={"DOCKER_BUILDKIT": "0", "PATH": "/usr/bin:/bin"})  # fmt: skip

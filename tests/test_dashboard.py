@@ -12,7 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from launch.vllm_install import find_vllm
 from launch.vllm_vocab import VLLM_VERSION
-from smoke.dashboard import (
+from serving.commands.dashboard_cmd import write_or_check
+from serving.dashboard import (
     DASHBOARD_FILE,
     DCGM_COUNTERS,
     DRAFTS,
@@ -22,7 +23,7 @@ from smoke.dashboard import (
     queried_series,
     unregistered,
 )
-from smoke.dashboard_cmd import write_or_check
+from smoke.metrics import total
 from tests.conftest import REPO
 from tests.e2e.steps.recorded import expected, openmetrics, reads
 
@@ -86,8 +87,8 @@ def test_speculation_panels_read_the_draft_counters():
 
 
 def test_the_provisioned_dashboard_file_is_what_the_panels_render():
-    """compose/grafana/glm53.json is written by `python -m smoke dashboard`; a panel changed in
-    smoke/dashboard.py without writing the file again fails here (and the command's --check)."""
+    """compose/grafana/glm53.json is written by `python -m serving dashboard`; a panel changed in
+    serving/dashboard.py without writing the file again fails here (and the command's --check)."""
     assert DASHBOARD_FILE.read_text(encoding="utf-8") == dashboard_json()
     assert write_or_check(DASHBOARD_FILE, check=True) == 0
 
@@ -96,7 +97,7 @@ def test_the_check_fails_on_a_stale_file(tmp_path, capsys):
     stale = tmp_path / "glm53.json"
     stale.write_text(dashboard_json().replace("kv_cache_usage_perc", "gpu_cache_usage_perc"))
     assert write_or_check(stale, check=True) == 1
-    assert "python -m smoke dashboard" in capsys.readouterr().err
+    assert "python -m serving dashboard" in capsys.readouterr().err
     assert write_or_check(stale, check=False) == 0 and write_or_check(stale, check=True) == 0
 
 
@@ -142,7 +143,7 @@ def test_the_recording_becomes_openmetrics_promtool_can_backfill():
     assert text.endswith("# EOF\n")
     parsed = [s for f in om_families(text) for s in f.samples]
     assert {s.name for s in parsed} == names
-    drafts = [(float(s.timestamp), s.value) for s in parsed if s.name == DRAFTS]
+    drafts = [(float(s.timestamp), s.value) for s in parsed if s.name == total(DRAFTS)]
     assert drafts == [(1_000.0 + 14 * i, v) for i, v in
                       enumerate((114.0, 319.0, 510.0, 704.0, 894.0))]  # fmt: skip
     assert all(s.labels["instance"] == "x:1" and s.labels["engine"] == "0" for s in parsed)

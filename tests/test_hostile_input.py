@@ -19,8 +19,9 @@ from launch.cli_args import MAX_COUNT, MAX_SECONDS, positive_float, positive_int
 from launch.errors import UsageError
 from launch.loader import profile_names
 from launch.overrides import ENV_OVERRIDES
+from serving.__main__ import COMMANDS as SERVING_COMMANDS
+from serving.commands.bench_cmd import MAX_CONCURRENCY, concurrency
 from smoke.__main__ import COMMANDS as SMOKE_COMMANDS
-from smoke.bench_cmd import MAX_CONCURRENCY, concurrency
 from tests.conftest import plan_of
 
 HOSTILE = st.one_of(
@@ -63,9 +64,10 @@ def test_an_override_plans_or_is_one_usage_error(profile: str, key: str, value: 
 
 def numeric_options() -> list[tuple[str, str, object]]:
     """(command, option, argparse type) of every numeric option of `python -m launch` and
-    `python -m smoke`, found from the parsers themselves."""
+    `python -m smoke` and `python -m serving`, found from the parsers themselves."""
     found = []
-    for prog, commands in (("launch", LAUNCH_COMMANDS), ("smoke", SMOKE_COMMANDS)):
+    for prog, commands in (("launch", LAUNCH_COMMANDS), ("smoke", SMOKE_COMMANDS),
+                           ("serving", SERVING_COMMANDS)):
         parser = argparse.ArgumentParser(prog=prog)
         subparsers = parser.add_subparsers(dest="command")
         for module in commands:
@@ -82,8 +84,8 @@ NUMERIC = numeric_options()
 
 def test_the_numeric_options_are_found() -> None:
     options = {(command, option) for command, option, _ in NUMERIC}
-    assert {("smoke bench", "--concurrency"), ("smoke check", "--timeout"),
-            ("smoke bench", "--prefill-tokens"), ("launch configure", "--replicas")} <= options
+    assert {("serving bench", "--concurrency"), ("smoke check", "--timeout"),
+            ("serving bench", "--prefill-tokens"), ("launch configure", "--replicas")} <= options
 
 
 BOUNDS = {positive_int: (1, MAX_COUNT), positive_float: (0, MAX_SECONDS),

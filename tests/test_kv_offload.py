@@ -24,7 +24,7 @@ from launch.kv_offload import (
 from launch.validate import check_host_memory
 from launch.vllm_argv import parse_with_vllm
 from launch.vllm_install import find_vllm
-from smoke.__main__ import main as smoke_main
+from serving.__main__ import main as serving_main
 from smoke.log_checks import offload_checks
 from smoke.log_facts import OffloadFacts
 from smoke.logparse import parse_lines
@@ -250,7 +250,7 @@ def test_smoke_compares_the_tier_with_the_profile():
 
 
 def reuse_bench(url: str, out: Path, *extra: str) -> dict:
-    assert smoke_main([
+    assert serving_main([
         "bench", "--profile", "mtp3-tp4-split", "--url", url, "--out", str(out),
         "--concurrency", "1", "--duration", "0.5", "--warmup", "0.2", "--repeats", "1",
         "--max-tokens", "20", "--skip", "prefill", "--skip", "parity",
@@ -276,7 +276,8 @@ def test_prefix_reuse_cell_with_and_without_a_host_tier(tmp_path, capsys):
     assert (b["gpu_cache_hit_tokens"], b["host_tier_hit_tokens"]) == (0, 400)
     assert any("ran without a host KV tier" in line for line in receipt_limitations(without))
     capsys.readouterr()
-    assert smoke_main(["compare", str(tmp_path / "vram.json"), str(tmp_path / "native.json")]) == 0
+    receipts = [str(tmp_path / "vram.json"), str(tmp_path / "native.json")]
+    assert serving_main(["compare", *receipts]) == 0
     table = capsys.readouterr().out
     assert "reuse-400" in table and "repeat TTFT s" in table
     assert "host KV tier" in table and "none" in table and "native, 32" in table
@@ -292,7 +293,7 @@ def test_prefix_reuse_cell_that_did_not_evict_says_so(tmp_path):
 
 def test_prefix_reuse_without_a_log_is_skipped_with_the_reason(tmp_path):
     with standin() as url:
-        assert smoke_main([
+        assert serving_main([
             "bench", "--profile", "mtp3-tp4-split", "--url", url,
             "--out", str(tmp_path / "r.json"), "--concurrency", "1", "--duration", "0.3",
             "--warmup", "0.1", "--repeats", "1", "--skip", "prefill", "--skip", "parity",
@@ -303,7 +304,7 @@ def test_prefix_reuse_without_a_log_is_skipped_with_the_reason(tmp_path):
 
 
 def receipt_limitations(receipt: dict) -> list[str]:
-    from smoke.bench.receipt import limitations
+    from serving.receipt import limitations
 
     return limitations(receipt)
 

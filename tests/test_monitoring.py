@@ -20,7 +20,7 @@ from launch.errors import UsageError
 from launch.image_lock import lock_path as lock_file
 from launch.image_lock import read_lock, write_lock
 from launch.settings import Settings
-from smoke.dashboard import DASHBOARD_FILE
+from serving.dashboard import DASHBOARD_FILE
 from tests.conftest import REPO, plan_of
 from tests.test_image_compose import compose_config, runtime_env
 

@@ -20,7 +20,7 @@ def test_a_wheel_in_a_fresh_venv_runs_smoke_and_launch(tmp_path):
     assert built.returncode == 0, built.stderr
     wheel = next((tmp_path / "dist").glob("glm53_serving_kit-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    for module in ("smoke/bench/client.py", "kvgeometry/report.py", "launch/commands/run_cmd.py",
+    for module in ("serving/bench/client.py", "kvgeometry/report.py", "launch/commands/run_cmd.py",
                    "launch/profiles/cpu-tiny.yaml"):  # fmt: skip
         assert module in names
     assert not any(n.startswith("tests/") for n in names)

@@ -71,7 +71,7 @@ def test_doctor_checks_the_host_port_compose_will_publish(env_file):
 def test_the_bench_receipt_names_the_image_compose_ran(env_file):
     """Before, the receipt resolved IMAGE from the environment only."""
     from launch.settings import read_settings
-    from smoke.bench.receipt import image_record
+    from serving.receipt import image_record
 
     env_file(f"IMAGE={OTHER_IMAGE}")
     assert image_record("kit", read_settings())["ref"] == OTHER_IMAGE

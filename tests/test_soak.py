@@ -1,4 +1,4 @@
-"""`python -m smoke soak` against the fast stand-in (tests/standin_fast.py: a test double whose
+"""`python -m serving soak` against the fast stand-in (tests/standin_fast.py: a test double whose
 /metrics carries its own real RSS, and which can keep memory per request, a real leak), and the
 soak's pure parts. The real engine's soak runs in `make e2e` (tests/e2e/steps/soak.py)."""
 
@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from smoke.__main__ import main
-from smoke.bench.client import StreamResult
-from smoke.soak import (
+from serving.__main__ import main
+from serving.bench.client import StreamResult
+from serving.soak import (
     MIB,
     MIX,
     IntervalLine,

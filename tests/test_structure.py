@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tests.conftest import REPO
 
-TREES = ("launch", "smoke", "kvgeometry", "capacity", "docker", "patches", "tests")
+TREES = ("launch", "smoke", "serving", "kvgeometry", "capacity", "docker", "patches", "tests")
 """The kit's packages: a private name of one of their modules stays in that module. (vLLM's own
 private planner helpers that tests/planner calls to reproduce vLLM's arithmetic exactly are
 vLLM's, not the kit's, and the standard library's argparse._SubParsersAction has no public
@@ -71,7 +71,7 @@ def test_the_checker_finds_both_forms():
     ]
 
 
-SOURCE = ("launch", "smoke", "kvgeometry", "capacity", "docker", "patches")
+SOURCE = ("launch", "smoke", "serving", "kvgeometry", "capacity", "docker", "patches")
 """The kit's source packages (tests may import anything)."""
 COMMANDS = "commands"
 LAYERS: dict[str, frozenset[str]] = {
@@ -80,14 +80,16 @@ LAYERS: dict[str, frozenset[str]] = {
     "launch": frozenset({"kvgeometry"}),
     "capacity": frozenset({"launch", "kvgeometry"}),
     "smoke": frozenset({"launch", "kvgeometry", "capacity"}),
+    "serving": frozenset({"launch", "kvgeometry", "capacity", "smoke"}),
     "docker": frozenset({"launch", "smoke"}),
-    COMMANDS: frozenset({"launch", "kvgeometry", "capacity", "smoke"}),
+    COMMANDS: frozenset({"launch", "kvgeometry", "capacity", "smoke", "serving"}),
 }
 """Which layer may import which. The plugin (`kvgeometry`) and the patch applier run inside
 vLLM's processes and import only vLLM; the launcher's core knows the plugin's names; capacity
-asks the image with the launcher's plan; smoke checks a start the launcher made; the build
-tools (`docker/`) use both. The commands (`launch.commands`, `*_cmd` modules, `__main__`) sit on
-top: nothing below imports a command."""
+asks the image with the launcher's plan; smoke checks a start the launcher made; the serving
+tools (bench, soak, top, dashboard) load and watch it through smoke's client; the build tools
+(`docker/`) use the launcher and smoke's prompts. The commands (`launch.commands`, the
+`commands/` of smoke and serving, `__main__`) sit on top: nothing below imports a command."""
 
 
 def module_name(path: Path) -> str:
@@ -97,7 +99,7 @@ def module_name(path: Path) -> str:
 
 def layer(module: str) -> str:
     leaf = module.rsplit(".", 1)[-1]
-    if module.startswith("launch.commands") or leaf == "__main__" or leaf.endswith("_cmd"):
+    if ".commands" in module or leaf == "__main__" or leaf.endswith("_cmd"):
         return COMMANDS
     return module.split(".")[0]
 

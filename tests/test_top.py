@@ -12,12 +12,12 @@ import requests
 import yaml
 
 from launch.compose_config import REPLICAS_FILE, compose_document
-from smoke.__main__ import main
-from smoke.bench.metrics import TTFT, histogram_buckets, histogram_quantile
+from serving.__main__ import main
+from serving.commands.top_cmd import CLEAR, watch
+from serving.served import replica_urls
+from serving.top import reading, screen, view
 from smoke.client import Server
-from smoke.served import replica_urls
-from smoke.top import reading, screen, view
-from smoke.top_cmd import CLEAR, watch
+from smoke.metrics import TTFT, histogram_buckets, histogram_quantile
 from tests.conftest import plan_of
 from tests.test_bench import standin
 from tests.test_dashboard import CPU_METRICS

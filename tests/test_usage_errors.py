@@ -149,7 +149,8 @@ def test_an_interrupted_fetch_is_reported_as_not_fetched(tmp_path):
 def test_smoke_numbers_and_urls_a_user_mistypes_are_usage_errors(argv, said):
     """Were: exit 1 as a failed check (--timeout -5, --url ftp://x), and a bench that started
     hundreds of thousands of tasks and never finished (--concurrency 99999999999)."""
-    done = subprocess.run([sys.executable, "-m", "smoke", *argv, "--profile", "cpu-tiny"],
+    package = "smoke" if argv[0] == "check" else "serving"
+    done = subprocess.run([sys.executable, "-m", package, *argv, "--profile", "cpu-tiny"],
                           cwd=REPO, env=dict(os.environ), capture_output=True, text=True,
                           timeout=60)  # fmt: skip
     assert done.returncode == 2 and said in done.stderr, done.stderr

@@ -30,8 +30,8 @@ if str(REPO) not in sys.path:
 from launch.compose_env import DEFAULT_ENV_PATH  # noqa: E402
 from launch.compose_files import PROJECT  # noqa: E402
 from launch.image_lock import COMPOSE_DIR, LOCK_VAR, read_lock, write_lock  # noqa: E402
-from smoke.bench.metrics import parse_counter  # noqa: E402
 from smoke.containers import restarting  # noqa: E402
+from smoke.metrics import parse_counter  # noqa: E402
 
 ENV_PATH = DEFAULT_ENV_PATH
 """The lane runs what users type: plain `docker compose` in compose/ reads compose/.env."""

@@ -11,8 +11,8 @@ from collections.abc import Callable
 import requests
 
 from launch.loader import load
-from smoke.bench.metrics import KV_USAGE, RUNNING, WAITING, gauge_values, parse_generation_tokens
 from smoke.client import Server, decode_json, post_json, usage_counts
+from smoke.metrics import KV_USAGE, RUNNING, WAITING, gauge_values, parse_generation_tokens
 from tests.e2e.harness import (
     HOST_PORT,
     PROFILE,

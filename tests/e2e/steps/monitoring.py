@@ -15,8 +15,8 @@ from typing import Any
 
 import requests
 
-from smoke.bench.metrics import GENERATION
-from smoke.dashboard import PANELS
+from serving.dashboard import PANELS
+from smoke.metrics import GENERATION, total
 from tests.e2e.harness import (
     HOST_PORT,
     PROFILE,
@@ -201,7 +201,7 @@ def top_in_tmux(run: Run, key: str) -> str:
             at, busy = next_screen(run, at, 3 * TOP_INTERVAL_S)
             epoch = datetime.datetime.combine(datetime.date.today(),
                                               datetime.time.fromisoformat(at)).timestamp()
-            prometheus = query_at(f"sum(rate({GENERATION}[{TOP_INTERVAL_S}s]))", epoch + 0.5)
+            prometheus = query_at(f"sum(rate({total(GENERATION)}[{TOP_INTERVAL_S}s]))", epoch + 0.5)
             done = make(run, "top", f"PROFILE={PROFILE}", "TOP_ARGS=--once --json --interval 5",
                         env={"VLLM_API_KEY": key})  # fmt: skip
     finally:

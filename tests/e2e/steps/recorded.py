@@ -3,7 +3,7 @@ recorded /metrics. No server here drafts with DFlash or MTP, so the recording is
 build serving the kit's tiny model with its n-gram drafter (tests/fixtures/README.md: how it was
 recorded). `promtool` (in the kit's Prometheus image) backfills the five reads as a TSDB block;
 a Prometheus started on that block answers each speculation query at the last read, and the
-answer must equal what the kit computes from the same counters (`smoke.bench.metrics`: the
+answer must equal what the kit computes from the same counters (`smoke.metrics`: the
 bench's acceptance length; the per-position rates as accepted at a position per draft).
 
 The conversion to OpenMetrics is the kit's own (promtool reads only that format for
@@ -19,8 +19,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from smoke.bench.metrics import acceptance_length, parse_spec_counters
-from smoke.dashboard import ACCEPTED_PER_POSITION, PANELS, Needs, queried_series
+from serving.dashboard import PANELS, Needs, queried_series
+from smoke.metrics import ACCEPTED_PER_POSITION, acceptance_length, parse_spec_counters, total
 from tests.e2e.harness import REPO, Run, Step, StepFailed, wait_answering
 from tests.e2e.steps.monitoring import PROMETHEUS_IMAGE
 from tests.e2e.steps.monitoring import query as query_api
@@ -76,7 +76,7 @@ def expected(texts: Sequence[str]) -> dict[str, float]:
         found: dict[str, float] = {}
         for family in text_string_to_metric_families(text):
             for s in family.samples:
-                if s.name == ACCEPTED_PER_POSITION:
+                if s.name == total(ACCEPTED_PER_POSITION):
                     found[s.labels["position"]] = found.get(s.labels["position"], 0) + s.value
         return found
 

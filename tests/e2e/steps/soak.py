@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 from launch.loader import load
-from smoke.soak import MIB
+from serving.soak import MIB
 from tests.e2e.harness import PROFILE, Run, Step, StepFailed, container, make, wait_healthy
 from tests.e2e.steps.access import EVERY_ROUTE
 

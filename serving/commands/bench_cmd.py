@@ -1,9 +1,9 @@
-"""`python -m smoke bench`: the seeds' qualification run against a started server, as a receipt.
+"""`python -m serving bench`: the seeds' qualification run against a started server, as a receipt.
 
 Cells, in order: decode at each concurrency (default 1 and 16) for `--duration` seconds after
 `--warmup`, `--repeats` times; prefill of exactly `--prefill-tokens` prompt tokens,
 `--prefill-repeats` times; one parity request; the prefix-reuse cell. The receipt is rewritten
-after every cell; `--resume` skips the cells it already holds (`smoke.bench.session`).
+after every cell; `--resume` skips the cells it already holds (`serving.bench.session`).
 """
 
 from __future__ import annotations
@@ -19,20 +19,20 @@ from typing import Any
 from launch.cli_args import positive_float, positive_int
 from launch.errors import UsageError
 from launch.plan import Plan
-from smoke.bench import receipt as receipts
-from smoke.bench.cells import BenchError, RequestSettings
-from smoke.bench.plot import write_png
-from smoke.bench.session import (
+from serving import receipt as receipts
+from serving.bench.cells import BenchError, RequestSettings
+from serving.bench.plot import write_png
+from serving.bench.session import (
     CELL_KINDS,
     MAX_CONCURRENCY,
     BenchOptions,
     reuse_sizes,
     run_cells,
 )
+from serving.served import add_served_arguments, served
 from smoke.client import Server
 from smoke.containers import connect, find_service_containers, logs_since_start
 from smoke.logparse import parse_lines
-from smoke.served import add_served_arguments, served
 
 NAME = "bench"
 CONTAINER_LOG = "container"

@@ -1,5 +1,5 @@
-"""`python -m smoke soak`: a started server under mixed load for `--duration`, a line per
-`--interval`, a receipt rewritten after each line (`smoke.soak`). Exit 0 when no request failed
+"""`python -m serving soak`: a started server under mixed load for `--duration`, a line per
+`--interval`, a receipt rewritten after each line (`serving.soak`). Exit 0 when no request failed
 and the server's RSS grew within `--max-rss-growth-mib`, 1 otherwise, 2 on bad usage."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import asyncio
 import datetime as dt
 import sys
 from pathlib import Path
-from typing import Any
 
 from launch.cli_args import (
     duration,
@@ -19,14 +18,11 @@ from launch.cli_args import (
 from launch.docker_api import engine_errors
 from launch.errors import UsageError
 from launch.sizes import MIB
-from smoke.bench import receipt as receipts
-from smoke.bench.cells import BenchError, RequestSettings, metrics_text
-from smoke.bench.metrics import gauge_values
-from smoke.bench.session import MAX_CONCURRENCY
-from smoke.client import Server
-from smoke.containers import connect, containers_rss, serving_containers
-from smoke.served import add_served_arguments, served
-from smoke.soak import (
+from serving import receipt as receipts
+from serving.bench.cells import BenchError, RequestSettings, metrics_or_none
+from serving.bench.session import MAX_CONCURRENCY
+from serving.served import add_served_arguments, served
+from serving.soak import (
     PROCESS_RSS,
     IntervalLine,
     RssReader,
@@ -35,10 +31,11 @@ from smoke.soak import (
     receipt_body,
     verdict,
 )
+from smoke.client import Server
+from smoke.containers import connect, containers_rss, serving_containers
+from smoke.metrics import gauge_values
 
 NAME = "soak"
-RECEIPT_KIND = "glm53-kit-soak-receipt"
-SCHEMA_VERSION = 1
 UNTIMED_TIMEOUT_S = 60.0
 LONG_PROMPT_MAX = 16384
 """The long prompts' default length: a quarter of max_model_len, at most this."""
@@ -140,7 +137,7 @@ def rss_reader(profile: str, server: Server) -> tuple[RssReader, str]:
         why = err.rule
 
         async def from_metrics() -> int | None:
-            text = await metrics_text(server)
+            text = await metrics_or_none(server)
             value = gauge_values(text).get(PROCESS_RSS) if text else None
             return None if value is None else int(value)
 
@@ -168,14 +165,9 @@ def run(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     server = Server(url, engine.model_id, api_key, UNTIMED_TIMEOUT_S)
     rss, rss_source = rss_reader(plan.profile.name, server)
-    head: dict[str, Any] = {
-        "kind": RECEIPT_KIND,
-        "schema_version": SCHEMA_VERSION,
-        "date": now.isoformat(timespec="seconds"),
-        "profile": plan.profile.name,
-        "plan": plan.to_json(),
-        "image": receipts.image_record(plan.profile.deployment.image, server_of.settings),
-    }
+    head = receipts.head(receipts.SOAK_KIND, plan.profile.name, now.isoformat(timespec="seconds"),
+                         plan.to_json(), receipts.image_record(plan.profile.deployment.image,
+                                                               server_of.settings))  # fmt: skip
     mix = ", ".join(k.name for k in options.mix())
     print(
         f"soak {plan.profile.name} at {url}: {options.concurrency} in flight for "
@@ -185,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
 
     def on_line(line: IntervalLine) -> None:
         print(line.text(soak.lines[0].rss_bytes), flush=True)
-        receipts.write_atomic(
+        receipts.write_checked(
             out,
             {
                 **head,

@@ -1,7 +1,9 @@
-"""The bench receipt: everything needed to read a result later, written after every cell.
+"""The receipts of the bench and the soak: everything needed to read a result later, one
+header (profile, plan, image) and one schema per kind, checked on every write and load.
 
-Like `vllm bench sweep`, the file is rewritten after each cell, so an interrupted run keeps what it
-measured and `--resume` continues with the cells still missing.
+Like `vllm bench sweep`, a receipt is rewritten after each cell (the bench) or interval line
+(the soak), so an interrupted run keeps what it measured and the bench's `--resume` continues
+with the cells still missing.
 """
 
 from __future__ import annotations
@@ -17,18 +19,15 @@ from launch.image_lock import PIN_KEYS, read_lock, resolve_image
 from launch.kv_offload import tier_in_argv
 from launch.settings import Settings
 
-RECEIPT_KIND = "glm53-kit-bench-receipt"
+BENCH_KIND = "glm53-kit-bench-receipt"
+SOAK_KIND = "glm53-kit-soak-receipt"
 SCHEMA_VERSION = 1
 """Raised when a receipt's layout changes: a receipt of another version is refused by name, not
 read as if it were this one."""
 _CELL_KINDS = ["decode", "prefill", "prefix_reuse", "parity"]
-SCHEMA: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "type": "object",
-    "required": ["kind", "schema_version", "date", "profile", "plan", "image", "log",
-                 "settings", "cells"],
+_HEAD: dict[str, Any] = {
+    "required": ["kind", "schema_version", "date", "profile", "plan", "image"],
     "properties": {
-        "kind": {"const": RECEIPT_KIND},
         "schema_version": {"const": SCHEMA_VERSION},
         "date": {"type": "string"},
         "profile": {"type": "string"},
@@ -37,6 +36,19 @@ SCHEMA: dict[str, Any] = {
                                 "deviations": {"type": "array", "items": {"type": "string"}},
                                 "qualified": {"type": "boolean"}}},
         "image": {"type": "object"},
+    },
+}  # fmt: skip
+"""What every receipt (bench and soak) opens with: which kit, profile, plan and image."""
+
+
+def _schema(kind: str, required: list[str], properties: dict[str, Any]) -> dict[str, Any]:
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
+            "required": _HEAD["required"] + required,
+            "properties": {"kind": {"const": kind}, **_HEAD["properties"], **properties}}
+
+
+SCHEMAS: dict[str, dict[str, Any]] = {
+    BENCH_KIND: _schema(BENCH_KIND, ["log", "settings", "cells"], {
         "log": {"type": ["object", "null"]},
         "settings": {"type": "object"},
         "cells": {"type": "object", "additionalProperties": {
@@ -46,31 +58,50 @@ SCHEMA: dict[str, Any] = {
                            "summary": {"type": "object"}}}},
         "skipped": {"type": "object", "additionalProperties": {"type": "string"}},
         "limitations": {"type": "array", "items": {"type": "string"}},
-    },
+    }),
+    SOAK_KIND: _schema(SOAK_KIND, ["soak"], {
+        "soak": {"type": "object",
+                 "required": ["options", "mix", "rss_source", "lines", "verdict"],
+                 "properties": {"lines": {"type": "array", "items": {"type": "object"}},
+                                "verdict": {"type": "object", "required": ["passed"]}}},
+    }),
 }  # fmt: skip
-"""What a receipt of this version holds (JSON Schema, checked on every save and load)."""
+"""What a receipt of this version holds, by kind (JSON Schema, checked on every save and load)."""
+SCHEMA = SCHEMAS[BENCH_KIND]
 
 
 def check(receipt: Mapping[str, Any], where: str) -> None:
-    """ValueError naming the first place `receipt` breaks the schema (its version first)."""
+    """ValueError naming the first place `receipt` breaks its kind's schema (its version
+    first)."""
     from jsonschema import Draft202012Validator
 
     version = receipt.get("schema_version") if isinstance(receipt, Mapping) else None
     if version != SCHEMA_VERSION:
         raise ValueError(f"{where} is a receipt of schema version {version}, this kit reads "
-                         f"version {SCHEMA_VERSION}: take it again with make bench")  # fmt: skip
-    error = next(iter(Draft202012Validator(SCHEMA).iter_errors(receipt)), None)
+                         f"version {SCHEMA_VERSION}: take it again")  # fmt: skip
+    schema = SCHEMAS.get(str(receipt.get("kind")))
+    if schema is None:
+        raise ValueError(f"{where} is not a receipt of this kit (kind {receipt.get('kind')!r})")
+    error = next(iter(Draft202012Validator(schema).iter_errors(receipt)), None)
     if error is not None:
         path = "/".join(str(p) for p in error.absolute_path) or "(top level)"
         raise ValueError(f"{where}: {path}: {error.message}")
 
 
+def head(kind: str, profile: str, date: str, plan: dict[str, Any],
+         image: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """What every receipt opens with."""
+    return {"kind": kind, "schema_version": SCHEMA_VERSION, "date": date, "profile": profile,
+            "plan": plan, "image": image}  # fmt: skip
+
+
 def new(profile: str, date: str, plan: dict[str, Any], image: dict[str, Any],
         log: dict[str, Any] | None, settings: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
-    """An empty receipt of this schema version."""
-    return {"kind": RECEIPT_KIND, "schema_version": SCHEMA_VERSION, "date": date,
-            "profile": profile, "plan": plan, "image": image, "log": log,
-            "settings": settings, "cells": {}}  # fmt: skip
+    """An empty bench receipt of this schema version."""
+    return head(BENCH_KIND, profile, date, plan, image) | {"log": log, "settings": settings,
+                                                           "cells": {}}  # fmt: skip
+
+
 def image_record(source: str, settings: Settings) -> dict[str, Any]:
     """Which image served the run (the same IMAGE and lock `configure` used), for the bench's
     and the soak's receipts."""
@@ -181,7 +212,7 @@ def limitations(receipt: Mapping[str, Any]) -> list[str]:
 
 def load(path: Path) -> dict[str, Any]:
     data = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(data, dict) or data.get("kind") != RECEIPT_KIND:
+    if not isinstance(data, dict) or data.get("kind") != BENCH_KIND:
         raise ValueError(f"{path} is not a bench receipt")
     check(data, str(path))
     return data
@@ -195,7 +226,13 @@ def write_atomic(path: Path, document: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def save(path: Path, receipt: dict[str, Any]) -> None:
-    receipt["limitations"] = limitations(receipt)
+def write_checked(path: Path, receipt: dict[str, Any]) -> None:
+    """A receipt of either kind, checked against its schema, then written whole."""
     check(receipt, "the receipt being written")
     write_atomic(path, receipt)
+
+
+def save(path: Path, receipt: dict[str, Any]) -> None:
+    """A bench receipt, with the limitations its cells imply."""
+    receipt["limitations"] = limitations(receipt)
+    write_checked(path, receipt)

@@ -1,5 +1,5 @@
-"""`python -m smoke top` (`make top`): the started server, or every replica when compose/.env runs
-the service scaled out, from two reads of each one's /metrics per `--interval` (`smoke.top`)
+"""`python -m serving top` (`make top`): the started server, or every replica when compose/.env runs
+the service scaled out, from two reads of each one's /metrics per `--interval` (`serving.top`)
 until Ctrl-C. On a terminal, one screen redrawn each interval, a row per server; piped, a line
 per server per interval; `--json` a JSON object per server per interval; `--once` one interval,
 then exit. Exit 0; 1 when a server's /metrics cannot be read (at the start, or at all with
@@ -19,9 +19,9 @@ import requests
 from launch.cli_args import duration
 from launch.compose_config import REPLICAS_FILE
 from launch.compose_env import generated
+from serving.served import add_served_arguments, replica_urls, served
+from serving.top import Reading, View, reading, screen, view
 from smoke.client import CheckFailed, Server, metrics_text
-from smoke.served import add_served_arguments, replica_urls, served
-from smoke.top import Reading, View, reading, screen, view
 
 NAME = "top"
 DEFAULT_INTERVAL_S = 1.0

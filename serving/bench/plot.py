@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from smoke.bench.receipt import DECODE_SPEEDS, decode_speed
+from serving.receipt import DECODE_SPEEDS, decode_speed
 
 
 @dataclass(frozen=True)

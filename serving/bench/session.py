@@ -10,15 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from smoke.bench import receipt as receipts
-from smoke.bench.cells import (
+from serving import receipt as receipts
+from serving.bench.cells import (
     RequestSettings,
     decode_cell,
     parity_cell,
     prefill_cell,
     prefix_reuse_cell,
 )
-from smoke.bench.client import Target
+from serving.bench.client import Target
 
 CELL_KINDS = ("decode", "prefill", "parity", "reuse")
 MAX_CONCURRENCY = 4096

@@ -29,19 +29,26 @@ from typing import Any
 import httptools
 
 from launch.sizes import MIB
-from smoke.agent_api import TOOL_PROMPT, WEATHER_TOOL
-from smoke.bench.cells import (
+from serving.bench.cells import (
     RequestSettings,
     exact_prompt,
     itl_in_window,
-    metrics_text,
+    metrics_or_none,
     tokens_in_window,
 )
-from smoke.bench.client import StreamResult, Target, request_json, stream_chat
-from smoke.bench.metrics import KV_USAGE, RUNNING, WAITING, counter_totals, gauge_values
+from serving.bench.client import StreamResult, Target, request_json, stream_chat
+from smoke.agent_api import TOOL_PROMPT, WEATHER_TOOL
+from smoke.metrics import (
+    KV_USAGE,
+    P50,
+    P99,
+    PREEMPTIONS,
+    RUNNING,
+    WAITING,
+    counter_totals,
+    gauge_values,
+)
 
-PREEMPTIONS = "vllm:num_preemptions"
-"""Requests the scheduler preempted (vLLM's counter, by family name)."""
 PROCESS_RSS = "process_resident_memory_bytes"
 """prometheus_client's gauge of the API server process's own RSS, in vLLM's /metrics."""
 SHORT_PROMPT = "Write a few sentences about the sea."
@@ -195,10 +202,10 @@ def interval_line(
         requests=len(ended),
         failed=len(failed),
         output_tok_s=tokens / (t1 - t0) if t1 > t0 else 0.0,
-        ttft_p50_s=quantile(ttft, 0.50),
-        ttft_p99_s=quantile(ttft, 0.99),
-        itl_p50_s=quantile(itl, 0.50),
-        itl_p99_s=quantile(itl, 0.99),
+        ttft_p50_s=quantile(ttft, P50),
+        ttft_p99_s=quantile(ttft, P99),
+        itl_p50_s=quantile(itl, P50),
+        itl_p99_s=quantile(itl, P99),
         kv_usage=after.kv_usage,
         waiting=after.waiting,
         preemptions=preempted,
@@ -343,7 +350,7 @@ class Soak:
     _requests: list[Request] = field(default_factory=list)
 
     async def sample(self) -> ServerSample:
-        return read_sample(await metrics_text(self.settings.server), await self.rss())
+        return read_sample(await metrics_or_none(self.settings.server), await self.rss())
 
     async def run(self) -> list[IntervalLine]:
         options = self.options

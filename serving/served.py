@@ -14,7 +14,7 @@ from launch.cli_args import add_api_key_argument, add_set_argument
 from launch.errors import UsageError
 from launch.plan import Plan, plan_for
 from launch.settings import Settings, read_settings
-from smoke.bench.client import Target
+from serving.bench.client import Target
 
 
 def add_served_arguments(parser: argparse.ArgumentParser) -> None:

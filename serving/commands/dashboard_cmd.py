@@ -1,5 +1,5 @@
-"""`python -m smoke dashboard`: write the Grafana dashboard the monitoring profile provisions
-(compose/grafana/glm53.json) from the panels in smoke/dashboard.py; `--check` only compares
+"""`python -m serving dashboard`: write the Grafana dashboard the monitoring profile provisions
+(compose/grafana/glm53.json) from the panels in serving/dashboard.py; `--check` only compares
 (exit 1 when the file differs: run the command without it). `--output` writes elsewhere."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from smoke.dashboard import DASHBOARD_FILE, dashboard_json
+from serving.dashboard import DASHBOARD_FILE, dashboard_json
 
 NAME = "dashboard"
 
@@ -27,8 +27,8 @@ def write_or_check(output: Path, *, check: bool) -> int:
     if check:
         current = output.read_text(encoding="utf-8") if output.is_file() else None
         if current != text:
-            print(f"{output} differs from the panels in smoke/dashboard.py; write it with "
-                  "`python -m smoke dashboard`", file=sys.stderr)  # fmt: skip
+            print(f"{output} differs from the panels in serving/dashboard.py; write it with "
+                  "`python -m serving dashboard`", file=sys.stderr)  # fmt: skip
             return 1
         print(f"{output} is what the panels render")
         return 0

@@ -1,10 +1,10 @@
-"""`python -m smoke compare A.json B.json`: two bench receipts as the seeds' A/B table.
+"""`python -m serving compare A.json B.json`: two bench receipts as the seeds' A/B table.
 
 Per cell: the mean of A and of B and the relative change of B against A (target steps/s for
 decode when acceptance was measured, else output tok/s; prompt tok/s for prefill; the repeat's
 TTFT for the prefix-reuse cell, beside each side's host KV tier), the KV capacity each server's
 log reported, and whether the parity hashes match. It also draws both as a PNG (`--plot`,
-default beside B: `<A>-vs-<B>.png`; smoke.bench.plot) and prints its path.
+default beside B: `<A>-vs-<B>.png`; serving.bench.plot) and prints its path.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 
 from launch.errors import UsageError
 from launch.kv_offload import OFFLOAD_FLAGS, tier_in_argv
-from smoke.bench import receipt as receipts
-from smoke.bench.plot import write_png
+from serving import receipt as receipts
+from serving.bench.plot import write_png
 
 NAME = "compare"
 COLD_JIT = ("a matching hash is warmed-path evidence, not a determinism guarantee: a first "

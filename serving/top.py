@@ -11,11 +11,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from smoke.bench.metrics import (
+from smoke.metrics import (
     FINISHED,
     GENERATION,
     ITL,
     KV_USAGE,
+    P50,
+    P99,
     PREEMPTIONS,
     PREFIX_HITS,
     PREFIX_QUERIES,
@@ -131,8 +133,8 @@ def view(before: Reading, after: Reading) -> View:
     secs = after.at - before.at
     per_s = lambda name: _ratio(_delta(before.counters, after.counters, name), secs)  # noqa: E731
     ttft, itl = _bucket_delta(before, after, TTFT), _bucket_delta(before, after, ITL)
-    hits = _delta(before.counters, after.counters, PREFIX_HITS.removesuffix("_total"))
-    queries = _delta(before.counters, after.counters, PREFIX_QUERIES.removesuffix("_total"))
+    hits = _delta(before.counters, after.counters, PREFIX_HITS)
+    queries = _delta(before.counters, after.counters, PREFIX_QUERIES)
     return View(
         seconds=secs,
         running=after.gauges.get(RUNNING),
@@ -140,11 +142,11 @@ def view(before: Reading, after: Reading) -> View:
         kv_usage=after.gauges.get(KV_USAGE),
         requests_per_s=per_s(FINISHED),
         prompt_tok_s=per_s(PROMPT),
-        generation_tok_s=per_s(GENERATION.removesuffix("_total")),
-        ttft_p50_s=histogram_quantile(0.5, ttft),
-        ttft_p99_s=histogram_quantile(0.99, ttft),
-        itl_p50_s=histogram_quantile(0.5, itl),
-        itl_p99_s=histogram_quantile(0.99, itl),
+        generation_tok_s=per_s(GENERATION),
+        ttft_p50_s=histogram_quantile(P50, ttft),
+        ttft_p99_s=histogram_quantile(P99, ttft),
+        itl_p50_s=histogram_quantile(P50, itl),
+        itl_p99_s=histogram_quantile(P99, itl),
         prefix_hit_rate=_ratio(hits, queries),
         acceptance_length=acceptance_length(spec_counters(before.counters),
                                             spec_counters(after.counters)),

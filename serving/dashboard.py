@@ -1,6 +1,6 @@
 """The kit's GLM-5.3 serving dashboard, defined once: each panel's PromQL lives here and nowhere
 else. `grafana_dashboard` renders it as the Grafana dashboard the monitoring profile provisions
-(compose/grafana/glm53.json, written by `python -m smoke dashboard`; a test fails when the file
+(compose/grafana/glm53.json, written by `python -m serving dashboard`; a test fails when the file
 and this module disagree). The e2e lane asks the kit's Prometheus every query of them on the real
 engine, and the tests check every metric a query names against what the installed vLLM
 registers, so a renamed metric fails a test, not a user's dashboard (vLLM renamed
@@ -20,13 +20,18 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from smoke.bench.metrics import (
+from smoke.metrics import (
+    ACCEPTED_PER_POSITION,
+    CACHE_INFO,
     COUNTERS,
+    E2E_LATENCY,
     EXTERNAL_HITS,
+    EXTERNAL_QUERIES,
     FINISHED,
     GENERATION,
     ITL,
     KV_USAGE,
+    PANEL_QUANTILES,
     PREEMPTIONS,
     PREFIX_HITS,
     PREFIX_QUERIES,
@@ -34,11 +39,11 @@ from smoke.bench.metrics import (
     RUNNING,
     TTFT,
     WAITING,
+    total,
 )
 
 RATE_WINDOW = "1m"
 """The window of every rate(): four scrapes at the kit's 15 s interval."""
-PERCENTILES = (0.5, 0.9, 0.99)
 
 
 class Needs(Enum):
@@ -67,8 +72,9 @@ class Panel:
     """A table's columns: the labels shown, in order (vLLM's info metric has some forty)."""
 
 
-def _rate(series: str) -> str:
-    return f"rate({series}[{RATE_WINDOW}])"
+def _rate(counter: str) -> str:
+    """The per-second rate of a counter (its `_total` sample) over the rate window."""
+    return f"rate({total(counter)}[{RATE_WINDOW}])"
 
 
 def _per_instance(expr: str) -> str:
@@ -78,14 +84,13 @@ def _per_instance(expr: str) -> str:
 def _latency(title: str, histogram: str) -> Panel:
     bucket = f"{histogram}_bucket"
     return Panel(title, "s", tuple(
-        Query(f"histogram_quantile({q}, sum by (instance, le) ({_rate(bucket)}))",
+        Query(f"histogram_quantile({q}, sum by (instance, le) (rate({bucket}[{RATE_WINDOW}])))",
               f"p{round(q * 100)} {{{{instance}}}}")
-        for q in PERCENTILES))  # fmt: skip
+        for q in PANEL_QUANTILES))  # fmt: skip
 
 
-DRAFTS = f"{COUNTERS['drafts']}_total"
-ACCEPTED = f"{COUNTERS['accepted_tokens']}_total"
-ACCEPTED_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+DRAFTS = COUNTERS["drafts"]
+ACCEPTED = COUNTERS["accepted_tokens"]
 DCGM_COUNTERS = {
     # dcgm-exporter's default counters (NVIDIA/dcgm-exporter etc/default-counters.csv at
     # b54068a9feef589e07fc36c22642ad4bb61f6420): field name -> what it is
@@ -97,29 +102,29 @@ DCGM_COUNTERS = {
 
 PANELS: tuple[Panel, ...] = (
     Panel("Requests finished per second, by finish reason", "reqps", (
-        Query(f"sum by (instance, finished_reason) ({_rate(FINISHED + '_total')})",
+        Query(f"sum by (instance, finished_reason) ({_rate(FINISHED)})",
               "{{finished_reason}} {{instance}}"),)),
     Panel("Requests running and waiting", "short", (
         Query(_per_instance(RUNNING), "running {{instance}}"),
         Query(_per_instance(WAITING), "waiting {{instance}}"))),
     _latency("Time to first token", TTFT),
     _latency("Inter-token latency", ITL),
-    _latency("End-to-end request latency", "vllm:e2e_request_latency_seconds"),
+    _latency("End-to-end request latency", E2E_LATENCY),
     Panel("Tokens per second", "short", (
-        Query(_per_instance(_rate(PROMPT + "_total")), "prompt {{instance}}"),
+        Query(_per_instance(_rate(PROMPT)), "prompt {{instance}}"),
         Query(_per_instance(_rate(GENERATION)), "generation {{instance}}"))),
     Panel("KV cache usage", "percentunit", (
         Query(f"max by (instance) ({KV_USAGE})", "{{instance}}"),)),
     Panel("Preemptions per second", "short", (
-        Query(_per_instance(_rate(PREEMPTIONS + "_total")), "{{instance}}"),)),
+        Query(_per_instance(_rate(PREEMPTIONS)), "{{instance}}"),)),
     Panel("Prefix cache hit rate (GPU and host tier)", "percentunit", (
         Query(f"{_per_instance(_rate(PREFIX_HITS))} / {_per_instance(_rate(PREFIX_QUERIES))}",
               "GPU {{instance}}"),
         Query(f"{_per_instance(_rate(EXTERNAL_HITS))} / "
-              f"{_per_instance(_rate('vllm:external_prefix_cache_queries_total'))}",
+              f"{_per_instance(_rate(EXTERNAL_QUERIES))}",
               "host tier {{instance}}"))),
     Panel("KV cache configuration", "short", (
-        Query("vllm:cache_config_info", "{{instance}}"),), table=True,
+        Query(CACHE_INFO, "{{instance}}"),), table=True,
         columns=("instance", "num_gpu_blocks", "block_size", "kv_cache_size_tokens",
                  "kv_cache_max_concurrency", "kv_cache_memory_bytes", "cache_dtype",
                  "enable_prefix_caching")),

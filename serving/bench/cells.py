@@ -22,8 +22,9 @@ from typing import Any
 
 import requests
 
-from smoke.bench.client import StreamResult, Target, request_json, stream_chat
-from smoke.bench.metrics import (
+from serving.bench.client import StreamResult, Target, request_json, stream_chat
+from smoke.client import CheckFailed, Server, exact_messages, metrics_text
+from smoke.metrics import (
     EXTERNAL_HITS,
     PREFIX_HITS,
     acceptance_length,
@@ -32,8 +33,6 @@ from smoke.bench.metrics import (
     parse_counter,
     spec_counters,
 )
-from smoke.client import CheckFailed, Server, exact_messages
-from smoke.client import metrics_text as read_metrics
 
 DECODE_PROMPT = "hello"
 """The decode cells' prompt: context zero, as the seeds' sustained-decode runs."""
@@ -107,11 +106,11 @@ def itl_in_window(result: StreamResult, t0: float, t1: float) -> list[float]:
     return out
 
 
-async def metrics_text(server: Server) -> str | None:
+async def metrics_or_none(server: Server) -> str | None:
     """`/metrics` read off the event loop (the timed streams go on meanwhile); None when the
     server does not answer it."""
     try:
-        return await asyncio.to_thread(read_metrics, server)
+        return await asyncio.to_thread(metrics_text, server)
     except (CheckFailed, requests.RequestException):
         return None
 
@@ -133,7 +132,7 @@ class CounterRead:
 
 async def read_counters(server: Server) -> CounterRead:
     start = time.perf_counter()
-    text = await metrics_text(server)
+    text = await metrics_or_none(server)
     return CounterRead(counter_totals(text or ""), start, time.perf_counter())
 
 
@@ -288,9 +287,9 @@ async def prefix_reuse_cell(target: Target, settings: RequestSettings, prompt_to
     for i in range(evictors):
         prompt = await exact_prompt(settings, evict_len, f"reuse {RUN_ID} evict {i}:")
         await _ttft(target, settings, prompt, evict_len)
-    before = await metrics_text(settings.server) or ""
+    before = await metrics_or_none(settings.server) or ""
     repeat = await _ttft(target, settings, anchor, prompt_tokens)
-    after = await metrics_text(settings.server) or ""
+    after = await metrics_or_none(settings.server) or ""
     gpu_hits = _delta(before, after, PREFIX_HITS)
     return {
         "kind": "prefix_reuse",

@@ -1,5 +1,10 @@
-"""vLLM's Prometheus `/metrics` counters, read with prometheus_client's own text parser (the
-library vLLM exposes them with), and what the speculative ones imply.
+"""vLLM's Prometheus `/metrics`: every metric name the kit reads, written once, read with
+prometheus_client's own text parser (the library vLLM exposes them with), and what the
+speculative counters imply.
+
+The names are the metric families as vLLM registers them, with no suffix: a counter's sample
+in the exposition and in PromQL is `total(name)` (`vllm:generation_tokens_total`), a
+histogram's are `name_bucket`, `_sum` and `_count`, a gauge's is its name.
 
 vLLM's mean acceptance length is 1 + accepted / drafts (each draft round yields its accepted
 tokens plus the target's own token), and one target step produces that many tokens, so target
@@ -19,14 +24,18 @@ COUNTERS = {
     "draft_tokens": "vllm:spec_decode_num_draft_tokens",
     "accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
 }
-GENERATION = "vllm:generation_tokens_total"
+ACCEPTED_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
+"""Accepted draft tokens by draft position (a counter labelled `position`)."""
+GENERATION = "vllm:generation_tokens"
 """The server's own count of generated tokens (a counter, summed over label sets)."""
-PREFIX_HITS = "vllm:prefix_cache_hits_total"
-"""Prompt tokens served from the GPU prefix cache."""
-PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
-"""Prompt tokens looked up in the GPU prefix cache."""
-EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
-"""Prompt tokens served by a KV connector (the host tier), not the GPU cache."""
+PREFIX_HITS = "vllm:prefix_cache_hits"
+"""Prompt tokens served from the GPU prefix cache (a counter)."""
+PREFIX_QUERIES = "vllm:prefix_cache_queries"
+"""Prompt tokens looked up in the GPU prefix cache (a counter)."""
+EXTERNAL_HITS = "vllm:external_prefix_cache_hits"
+"""Prompt tokens served by a KV connector (the host tier), not the GPU cache (a counter)."""
+EXTERNAL_QUERIES = "vllm:external_prefix_cache_queries"
+"""Prompt tokens looked up through a KV connector (a counter)."""
 RUNNING = "vllm:num_requests_running"
 """Requests in the engine's batches now (a gauge)."""
 WAITING = "vllm:num_requests_waiting"
@@ -43,6 +52,18 @@ PROMPT = "vllm:prompt_tokens"
 """Prompt tokens processed (a counter)."""
 PREEMPTIONS = "vllm:num_preemptions"
 """Requests preempted by the scheduler (a counter)."""
+E2E_LATENCY = "vllm:e2e_request_latency_seconds"
+"""A request's time from arrival to its last token (a histogram, seconds)."""
+CACHE_INFO = "vllm:cache_config_info"
+"""The KV cache configuration as labels (an info gauge of value 1)."""
+P50, P90, P99 = 0.5, 0.9, 0.99
+PANEL_QUANTILES = (P50, P90, P99)
+"""The latency quantiles the dashboard draws; a terminal line (top, soak) shows P50 and P99."""
+
+
+def total(counter: str) -> str:
+    """A counter's sample name in the exposition and in PromQL."""
+    return f"{counter}_total"
 
 
 def counter_totals(text: str) -> dict[str, float]:
@@ -70,9 +91,9 @@ def gauge_values(text: str) -> dict[str, float]:
 
 
 def parse_counter(text: str, name: str) -> float | None:
-    """Counter `name` (with or without `_total`) from a /metrics text, summed over label sets;
-    None when the server exposes none."""
-    return counter_totals(text).get(name.removesuffix("_total"))
+    """Counter `name` from a /metrics text, summed over label sets; None when the server
+    exposes none."""
+    return counter_totals(text).get(name)
 
 
 @dataclass(frozen=True)
@@ -106,7 +127,7 @@ def acceptance_length(before: SpecCounters | None, after: SpecCounters | None) -
 
 def generation_tokens(totals: Mapping[str, float]) -> float | None:
     """`vllm:generation_tokens_total` of `counter_totals`; None when the server has none."""
-    return totals.get(GENERATION.removesuffix("_total"))
+    return totals.get(GENERATION)
 
 
 def parse_generation_tokens(text: str) -> float | None:
