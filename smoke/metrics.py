@@ -91,8 +91,11 @@ def gauge_values(text: str) -> dict[str, float]:
 
 
 def parse_counter(text: str, name: str) -> float | None:
-    """Counter `name` from a /metrics text, summed over label sets; None when the server
-    exposes none."""
+    """Counter `name` (its family, as this module names it) from a /metrics text, summed over
+    label sets; None when the server exposes none. A sample name (`..._total`) is a caller's
+    mistake that would read as "no such counter", so it is refused."""
+    if name.endswith("_total"):
+        raise ValueError(f"{name}: give the counter's family name (without _total)")
     return counter_totals(text).get(name)
 
 

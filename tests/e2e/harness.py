@@ -31,7 +31,7 @@ from launch.compose_env import DEFAULT_ENV_PATH  # noqa: E402
 from launch.compose_files import PROJECT  # noqa: E402
 from launch.image_lock import COMPOSE_DIR, LOCK_VAR, read_lock, write_lock  # noqa: E402
 from smoke.containers import restarting  # noqa: E402
-from smoke.metrics import parse_counter  # noqa: E402
+from smoke.metrics import FINISHED, parse_counter  # noqa: E402
 
 ENV_PATH = DEFAULT_ENV_PATH
 """The lane runs what users type: plain `docker compose` in compose/ reads compose/.env."""
@@ -320,7 +320,7 @@ def chat(url: str, prompt: str, max_tokens: int = 16, *, ignore_eos: bool = Fals
 def served_requests(port: int) -> float:
     """`vllm:request_success_total` of one replica, summed over finish reasons."""
     text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-    return parse_counter(text, "vllm:request_success_total") or 0.0
+    return parse_counter(text, FINISHED) or 0.0
 
 
 def volumes(run: Run) -> set[str]:
