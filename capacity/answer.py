@@ -30,7 +30,7 @@ class EnginePlan:
                 "engine_lines": list(self.lines)}  # fmt: skip
 
     def said(self, *marks: str) -> list[str]:
-        """The engine lines that contain one of `marks` (or start the geometry line)."""
+        """The engine lines that contain one of `marks`."""
         return [line for line in self.lines if any(m in line for m in marks)]
 
 

@@ -15,15 +15,22 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from capacity.answer import Answer, BudgetPlan, EnginePlan, Unanswerable, answer_from_json
+from capacity.answer import (
+    Answer,
+    BudgetPlan,
+    EnginePlan,
+    Refused,
+    Unanswerable,
+    answer_from_json,
+)
 from capacity.question import ANSWER, Question
 from launch.compose_files import KIT_PACKAGES
 from launch.errors import UsageError
+from launch.image_lock import KIT_ROOT
 from launch.kit_cache import kit_cache_dir
 from launch.plan import Plan
 from launch.sizes import GIB
 
-KIT_ROOT = Path(__file__).resolve().parent.parent
 MOUNTED = (*KIT_PACKAGES, "capacity")
 """What the question's container mounts at /opt/kit: the packages a serving container mounts,
 and this one."""
@@ -176,8 +183,11 @@ class StartPrediction:
 
     def summary(self) -> str:
         plan = self.plan
-        said = plan.said(KV_CACHE_SIZE) if isinstance(plan, EnginePlan) else []
-        what = said[0] if said else f"refused: {getattr(plan, 'why', '')}"
+        if isinstance(plan, Refused):
+            what = f"refused: {plan.why}"
+        else:
+            said = plan.said(KV_CACHE_SIZE)
+            what = said[0] if said else f"{plan.tokens:,} tokens"
         cache = ", cached" if self.cached else ""
         return f"capacity predicted by vLLM {self.answer.vllm} in the image{cache}: {what}"
 

@@ -21,6 +21,8 @@ from launch.image_lock import COMPOSE_DIR, COMPOSE_FILE
 PROJECT = "glm53"
 """The compose project (`name:` in compose/compose.yaml): its containers carry the label
 `com.docker.compose.project=glm53`."""
+SERVICE = "vllm"
+"""The vLLM service of compose/compose.yaml (`vllm-0`, `vllm-1`, ... when scaled out)."""
 KIT_PACKAGES = ("launch", "kvgeometry")
 """The packages compose mounts into an image without the kit (compose/compose.yaml), at
 /opt/kit; `make capacity` mounts them the same way."""

@@ -20,19 +20,23 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
-from launch.compose_files import PROJECT
+from launch.compose_files import PROJECT, SERVICE
 from launch.docker_api import connect, local_image_id
-from launch.image_lock import PIN_KEYS, is_digest_ref, lock_path, read_lock, write_lock
+from launch.image_lock import (
+    KIT_ROOT,
+    PIN_KEYS,
+    is_digest_ref,
+    lock_path,
+    read_lock,
+    write_lock,
+)
 from launch.kit_cache import kit_cache_dir
 from launch.settings import Settings
 
 PROFILE = "cpu-tiny"
-SERVICE = "vllm"
-KIT_ROOT = Path(__file__).resolve().parent.parent
 BASE_TAG = "glm53-kit/debian:bookworm"
 """The local tag of the Debian 12 base the demo makes (reused by a later run)."""
 IMAGE_TAG = "glm53-kit-cpu:demo"
@@ -63,11 +67,8 @@ class Progress:
     """Numbered step lines with the time since the start."""
 
     total: int
-    started: float = 0.0
+    started: float = field(default_factory=time.monotonic)
     done: int = 0
-
-    def __post_init__(self) -> None:
-        self.started = time.monotonic()
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started

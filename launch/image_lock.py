@@ -22,7 +22,9 @@ from pathlib import Path
 
 from launch.errors import UsageError
 
-COMPOSE_DIR = Path(__file__).resolve().parent.parent / "compose"
+KIT_ROOT = Path(__file__).resolve().parent.parent
+"""The kit's checkout (or /opt/kit in an image): launch/, kvgeometry/, compose/ ... below it."""
+COMPOSE_DIR = KIT_ROOT / "compose"
 COMPOSE_FILE = COMPOSE_DIR / "compose.yaml"
 LOCK_VAR = "KIT_IMAGES_LOCK"
 """Names another lock file for every command (the e2e run and the tests pin into copies)."""

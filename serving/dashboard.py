@@ -17,9 +17,9 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
 from typing import Any
 
+from launch.image_lock import COMPOSE_DIR
 from smoke.metrics import (
     ACCEPTED_PER_POSITION,
     CACHE_INFO,
@@ -180,7 +180,7 @@ def unregistered(series: Iterable[str], registered: Iterable[str]) -> list[str]:
     return sorted(s for s in series if _family(s) not in families)
 
 
-DASHBOARD_FILE = Path(__file__).resolve().parent.parent / "compose" / "grafana" / "glm53.json"
+DASHBOARD_FILE = COMPOSE_DIR / "grafana" / "glm53.json"
 """Where compose's `grafana-dashboard` config reads the rendered dashboard from."""
 DASHBOARD_UID = "glm53-serving"
 _ROWS = ((None, "Serving"), (Needs.SPECULATION, "Speculative decoding"),

@@ -67,7 +67,6 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     }),
 }  # fmt: skip
 """What a receipt of this version holds, by kind (JSON Schema, checked on every save and load)."""
-SCHEMA = SCHEMAS[BENCH_KIND]
 
 
 def check(receipt: Mapping[str, Any], where: str) -> None:

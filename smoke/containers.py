@@ -26,12 +26,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from launch import docker_api
-from launch.compose_files import PROJECT
+from launch.compose_files import PROJECT, SERVICE
 from launch.docker_api import engine_errors
 from launch.errors import UsageError
 from smoke.logparse import NO_CAUSE, LogParser, root_cause_of
 
-SERVICE_PREFIX = "vllm"
+SERVICE_PREFIX = SERVICE
 """The vLLM services: `vllm`, or `vllm-0`, `vllm-1`, ... behind the router."""
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 import yaml
 
@@ -20,7 +19,7 @@ from launch.commands.common import add_profile_arguments, vllm_to_check
 from launch.compose_config import compose_document
 from launch.compose_files import KIT_PACKAGES, merged_document
 from launch.errors import UsageError
-from launch.image_lock import resolve_image
+from launch.image_lock import KIT_ROOT, resolve_image
 from launch.plan import Plan, format_plan, plan_for
 from launch.scale import k8s_manifests, router_source
 from launch.settings import Settings, port_number, read_settings
@@ -59,11 +58,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def kit_files() -> dict[str, str]:
     """The kit's mounted packages as text, path below /opt/kit -> content (the k8s ConfigMap)."""
-    root = Path(__file__).resolve().parent.parent.parent
     return {
-        str(path.relative_to(root)): path.read_text(encoding="utf-8")
+        str(path.relative_to(KIT_ROOT)): path.read_text(encoding="utf-8")
         for package in KIT_PACKAGES
-        for path in sorted((root / package).rglob("*"))
+        for path in sorted((KIT_ROOT / package).rglob("*"))
         if path.suffix in (".py", ".yaml") and "__pycache__" not in path.parts
     }
 

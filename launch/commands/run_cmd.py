@@ -10,10 +10,10 @@ import argparse
 import os
 import shutil
 import sys
-from pathlib import Path
 
 from launch.commands.common import add_profile_arguments, vllm_to_check
 from launch.errors import UsageError
+from launch.image_lock import KIT_ROOT
 from launch.kv_offload import read_host_memory
 from launch.plan import format_plan, plan_for
 from launch.plugin import plugin_env, write_entry_point
@@ -54,8 +54,7 @@ def run(args: argparse.Namespace) -> int:
             "install vLLM in this environment or run inside the kit's image",
         )
     # The kit's geometry plugin (kvgeometry, beside launch/ on the kit's path) in every image.
-    kit_root = Path(__file__).resolve().parent.parent.parent
-    extra = plugin_env(os.environ, write_entry_point(), kit_root)
+    extra = plugin_env(os.environ, write_entry_point(), KIT_ROOT)
     print(f"# geometry plugin: kvgeometry via {extra['PYTHONPATH']}", file=sys.stderr, flush=True)
     os.execve(executable, list(plan.argv), {**os.environ, **plan.env, **extra})
     return 0  # pragma: no cover - execve does not return

@@ -28,7 +28,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from launch.compose_env import DEFAULT_ENV_PATH  # noqa: E402
-from launch.compose_files import PROJECT  # noqa: E402
+from launch.compose_files import PROJECT, SERVICE  # noqa: E402
 from launch.image_lock import COMPOSE_DIR, LOCK_VAR, read_lock, write_lock  # noqa: E402
 from smoke.containers import restarting  # noqa: E402
 from smoke.metrics import FINISHED, parse_counter  # noqa: E402
@@ -36,7 +36,6 @@ from smoke.metrics import FINISHED, parse_counter  # noqa: E402
 ENV_PATH = DEFAULT_ENV_PATH
 """The lane runs what users type: plain `docker compose` in compose/ reads compose/.env."""
 PROFILE = "cpu-tiny"
-SERVICE = "vllm"
 REGISTRY = os.environ.get("E2E_REGISTRY", "127.0.0.1:5000")
 HOST_PORT = 8000
 HEALTHY_WITHIN_S = 300
