@@ -49,6 +49,9 @@ def test_the_curl_line_runs_in_a_shell_and_carries_the_key_only_when_set(tmp_pat
 
 
 def container(cid: str, started: str) -> SimpleNamespace:
+    """A stand-in for a Docker SDK container holding the two fields the demo's record reads
+    (`id`, `attrs["State"]["StartedAt"]`): a restart or another server is what the engine here
+    cannot be asked to show within a unit test; the e2e's AGAIN step reads a real one."""
     return SimpleNamespace(id=cid, attrs={"State": {"StartedAt": started}})
 
 
