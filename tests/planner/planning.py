@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass
 
 import vllm.v1.core.kv_cache_planning as planning
@@ -9,6 +15,7 @@ from vllm.config import VllmConfig
 from vllm.v1.core.kv_cache_utils import get_kv_cache_capacity, resolve_kv_cache_block_sizes
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, KVCacheSpec
 
+from tests.conftest import REPO
 from tests.planner.seed_shapes import TWELVE_GIB
 
 
@@ -37,3 +44,21 @@ def plan(config: VllmConfig, specs: dict[str, KVCacheSpec], memory: int = TWELVE
     tokens = get_kv_cache_capacity(config, kv_config)[0] if config.model_config else None
     scheduler_block, _ = resolve_kv_cache_block_sizes(kv_config, config)
     return Plan(groups, kv_config, stride, tokens, scheduler_block)
+
+
+def pristine(function: str, *args: object) -> object:
+    """`module:function` run on the installed, unpatched vLLM 0.34.0 in a process of its own
+    (one process cannot import two vLLMs); its arguments pickled to it, its result read back
+    as JSON."""
+    module, name = function.split(":")
+    code = ("import importlib, json, pickle, sys\n"
+            f"f = getattr(importlib.import_module({module!r}), {name!r})\n"
+            "print(json.dumps(f(*pickle.load(open(sys.argv[1], 'rb')))))\n")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "KIT_PATCHED_VLLM")}
+    with tempfile.NamedTemporaryFile(suffix=".pkl") as arguments:
+        arguments.write(pickle.dumps(args))
+        arguments.flush()
+        done = subprocess.run([sys.executable, "-c", code, arguments.name], cwd=REPO,
+                              env={**env, "PYTHONPATH": "."}, capture_output=True, text=True,
+                              timeout=300, check=True)  # fmt: skip
+    return json.loads(done.stdout.strip().splitlines()[-1])

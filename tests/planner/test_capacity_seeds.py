@@ -9,6 +9,7 @@ import pytest
 from capacity.engine import largest_context_for, smallest_budget_for
 from capacity.engine_plan import EnginePlan, Refused, engine_plan
 from capacity.glm53_specs import Shape, runtime_latent, text_config, vllm_config
+from tests.planner.dflash_as_served import DRAFT_BLOCK, TARGET_BLOCK
 from tests.planner.planning import plan
 from tests.planner.seed_shapes import TWELVE_GIB
 from tests.planner.seed_shapes import vllm_config as planner_config
@@ -43,7 +44,7 @@ def test_seed_000_blocks_with_the_runtimes_latent_and_with_vllms(real_specs):
     same rows but aligns the pool stride to 64 of them (33,792 bytes), one C4 unit more per
     block: 905 at 12 GiB. Per request the target's groups take 145 blocks (114 latent+indexer,
     one tail ring, 3 recurrent groups of 2 + 7 speculative + 1 FlashKDA checkpoint); seed 000's
-    159 include the DFlash draft's replicated cache, which these specs do not build."""
+    159 are the runtime's layout with the draft, the next test."""
     runtime = runtime_latent(real_specs["dflash"])
     twelve = engine(dflash_config(), runtime, TWELVE_GIB)
     assert twelve.num_blocks == SEED_000_BLOCKS[TWELVE_GIB]
@@ -55,6 +56,45 @@ def test_seed_000_blocks_with_the_runtimes_latent_and_with_vllms(real_specs):
     own = engine(dflash_config(), real_specs["dflash"], TWELVE_GIB)
     assert own.geometry.stride_bytes == twelve.geometry.stride_bytes + 64 * 132
     assert own.num_blocks == 905
+
+
+SEED_000_TOKENS = {DRAFT_BLOCK: 5_688_681, TARGET_BLOCK: 5_974_904}
+"""Seed 000: '1152 control 5,688,681 tokens', '2304 planner alignment 5,974,904 tokens'."""
+SEED_000_PRODUCTION_TOKENS = 7_900_591
+"""Seed 000: '15.87 GiB available for KV and 7,900,591 group-aware engine KV tokens'."""
+
+
+@pytest.fixture(scope="module")
+def dflash_served(tmp_path_factory):
+    from tests.planner.dflash_as_served import draft, target
+
+    return {**target(tmp_path_factory.mktemp("dflash-served")), **draft()}
+
+
+def test_seed_000_tokens_with_and_without_patch_0001(dflash_served):
+    """Seed 000's three token figures from vLLM's planner functions, the caches laid out as the
+    qualified runtime laid them out (tests/planner/dflash_as_served.py says which values are
+    vLLM's, which the runtime's, and which the draft stand-in's, and from where). The unpatched
+    vLLM 0.34.0 keeps the draft's 1,152-token block: the seed's control. With patch 0001 the
+    draft takes 2,304 at the same 906 blocks: the seed's alignment. Without 0001 in the series
+    the patched run gives the control's figure and this fails."""
+    from tests.planner.dflash_as_served import served_capacity
+    from tests.planner.planning import pristine
+
+    budgets = [TWELVE_GIB, int(SEED_000_PRODUCTION_GIB * GIB)]
+    patched = served_capacity(dflash_served, budgets)
+    control = pristine("tests.planner.dflash_as_served:served_capacity", dflash_served, budgets)
+    assert [g[0] for g in patched["groups"]] == [22, 5, 9, 9, 8, 8]  # (4,4,4,4,4,1) groups
+    assert (control["draft_block"], patched["draft_block"]) == (DRAFT_BLOCK, TARGET_BLOCK)
+    for run in (control, patched):
+        at_twelve, at_production = run["budgets"]
+        assert at_twelve["blocks"] == SEED_000_BLOCKS[TWELVE_GIB]
+        assert at_twelve["tokens"] == SEED_000_TOKENS[run["draft_block"]]
+        assert at_production["blocks"] == 1198
+    assert patched["budgets"][1]["tokens"] == SEED_000_PRODUCTION_TOKENS
+    assert round(patched["budgets"][1]["concurrency"], 2) == 7.53  # seed 000: '7.53 concurrent'
+    gain = SEED_000_TOKENS[TARGET_BLOCK] - SEED_000_TOKENS[DRAFT_BLOCK]
+    assert (patched["budgets"][0]["tokens"] - control["budgets"][0]["tokens"]) == gain == 286_223
 
 
 def test_the_engine_core_sizes_as_the_planner_functions(real_specs, split_512):

@@ -3,50 +3,26 @@ target's, on the patched planner, beside the pristine one (vLLM 0.34.0 as instal
 process of its own: one process cannot import two vLLMs).
 
 The target is GLM-5.3's TP4/DCP4 specs as vLLM's layers build them (capacity/glm53_specs.py,
-the runtime's latent rows: seed 000's 906 blocks at 12 GiB). The draft is a STAND-IN: the
-DFlash2 checkpoint's config is not at hand, so its layers are vLLM's `SlidingWindowSpec`
-(replicated, as vLLM 0.34.0's runner makes a DCP-1 draft's specs) with these values:
-- 5 layers: public recipes describe GLM-5.3-Flash-DFlash2 as "qwen3 arch, 5 SWA layers";
-- 1,024 bytes per token (2 KV heads of 128, BF16 KV: seed 000 runs the draft with
-  DFLASH_KV_CACHE_DTYPE=auto): the per-token size at which vLLM's hybrid rule gives the seed's
-  1,152-token draft block (the smallest multiple of 128 tokens whose page holds the 1,171,456-
-  byte DFlash recurrent page: 1,171,456 / 1,024 = 1,144 -> 1,152);
-- a 2,048-token window (not public; the window moves the per-request blocks, not the rule).
-So the token figures here are the stand-in's, not seed 000's 5,688,681 / 5,974,904.
+the runtime's latent rows: seed 000's 906 blocks at 12 GiB). The draft is the DFlash2 STAND-IN
+of tests/planner/dflash_as_served.py (5 sliding-window layers, window 2,048, 1,024 bytes per
+token per rank, from the checkpoint's public facts; the fork's 1,152-token block). Seed 000's
+token figures themselves, in the runtime's layout, are tests/planner/test_capacity_seeds.py's.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import pickle
-import subprocess
-import sys
-
 import pytest
-import torch
-from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+from vllm.v1.kv_cache_interface import FullAttentionSpec
 
 from capacity.engine_plan import vllm_lines
 from capacity.glm53_specs import runtime_latent
-from tests.conftest import REPO
-from tests.planner.planning import plan
+from tests.planner.dflash_as_served import DRAFT_BLOCK, TARGET_BLOCK, draft
+from tests.planner.planning import plan, pristine
 from tests.planner.seed_shapes import TWELVE_GIB, vllm_config
 
-TARGET_BLOCK = 2304
-DRAFT_BLOCK = 1152
-"""Seed 000: 'Replicated draft block 1152 control', '2304 planner alignment'."""
 PLANNING_LOGGER = "vllm.v1.core.kv_cache_planning"
 C4_UNIT = 64 * 132
 """Seed 004's packed C4 index-page unit, the indexer cache's block stride alignment."""
-
-
-def draft(layers: int = 5, block: int = DRAFT_BLOCK, window: int = 2048,
-          spec: type = SlidingWindowSpec) -> dict:  # fmt: skip
-    extra = {"sliding_window": window} if spec is SlidingWindowSpec else {}
-    return {f"draft.model.layers.{i}.self_attn.attn": spec(
-        block_size=block, num_kv_heads=2, head_size=128, dtype=torch.bfloat16, is_draft=True,
-        dcp_sharded=False, **extra) for i in range(layers)}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -65,35 +41,22 @@ def planned(specs: dict, dcp: int = 4):
     return result, [line for line in lines if "draft cache block" in line]
 
 
-def pristine(specs: dict, tmp_path) -> dict:
-    """The same plan on the installed, unpatched vLLM 0.34.0."""
-    path = tmp_path / "specs.pkl"
-    path.write_bytes(pickle.dumps(specs))
-    code = (
-        "import json, pickle\n"
-        "from tests.planner.planning import plan\n"
-        "from tests.planner.seed_shapes import vllm_config\n"
-        f"r = plan(vllm_config(dcp=4), pickle.load(open({str(path)!r}, 'rb')))\n"
-        "groups = [(len(g.layer_names), g.kv_cache_spec.block_size) for g in r.groups\n"
-        "          if any(n.startswith('draft.') for n in g.layer_names)]\n"
-        "print(json.dumps({'blocks': r.config.num_blocks, 'stride': r.stride,\n"
-        "                  'tokens': r.tokens, 'scheduler': r.scheduler_block,\n"
-        "                  'draft': groups}))\n"
-    )
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "KIT_PATCHED_VLLM")}
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**env, "PYTHONPATH": "."},
-                          capture_output=True, text=True, timeout=300, check=True)  # fmt: skip
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def draft_plan(specs: dict) -> dict:
+    """What `pristine` runs on the unpatched vLLM: the pool and the draft's groups."""
+    result = plan(vllm_config(dcp=4), specs)
+    return {"blocks": result.config.num_blocks, "stride": result.stride,
+            "tokens": result.tokens, "scheduler": result.scheduler_block,
+            "draft": draft_groups(result)}  # fmt: skip
 
 
-def test_a_smaller_dividing_draft_block_takes_the_target_block(target, tmp_path):
+def test_a_smaller_dividing_draft_block_takes_the_target_block(target):
     """At 12 GiB: the same 906 blocks and pool stride with or without 0001, the draft's
     block 1,152 -> 2,304, fewer draft blocks per request, more group-aware tokens, the
     scheduler's block LCM unchanged; 0001's line logged once. The pristine planner keeps
     1,152 (so this fails without the patch)."""
     specs = {**target, **draft()}
     result, lines = planned(specs)
-    before = pristine(specs, tmp_path)
+    before = pristine("tests.planner.test_draft_alignment:draft_plan", specs)
     assert draft_groups(result) == [(5, TARGET_BLOCK)]
     assert before["draft"] == [[5, DRAFT_BLOCK]]
     assert result.config.num_blocks == before["blocks"] == 906

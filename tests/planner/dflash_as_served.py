@@ -1,0 +1,134 @@
+"""Seed 000's DFlash server as the qualified runtime laid out its KV cache, for vLLM's planner.
+
+Seed 000's figures (906 blocks at 12 GiB; 5,688,681 tokens with the 1,152-token draft block,
+5,974,904 with 2,304; 7,900,591 at '15.87 GiB') come out of vLLM 0.34.0's planner functions
+when the caches are laid out as that runtime laid them out. What is vLLM's, what is the
+runtime's, and where each value comes from:
+
+- TARGET: vLLM's GLM-5.3 layers at TP4/DCP4 and the 2,304-token block (capacity/glm53_specs.py),
+  with the runtime's latent rows (`runtime_latent`), without vLLM's tail-ring cache (the runtime
+  logs two physical page sizes, target and recurrent) and built with the Triton KDA prefill, so
+  a recurrent layer keeps 2 + 7 speculative blocks per request and no FlashKDA checkpoint block
+  (seed 000's command line sets no KDA prefill backend; with the checkpoint block no layout
+  gives the seed's figures).
+- RECURRENT PARTITION: the runtime's, `runtime_partition`: recurrent layers grouped by the
+  target's attention-layer count (the fork's #602: 'grouped primarily by layer count', baseline
+  [9, 9, 8, 8, 11]). With the draft's group that is six groups, the seed's logged 'effective
+  cache-group CP sizes (4,4,4,4,4,1)'. vLLM 0.34.0 groups the same 34 layers [12, 11, 11].
+- DRAFT (a STAND-IN built from public facts; the MXFP8 checkpoint's config is not at hand): the
+  DFlash2 draft `incoai/GLM-5.3-Flash-DFlash2`, which `local-inference-lab/...-DFlash2-MXFP8`
+  quantizes, is '5 x qwen3 sliding-attention (window 2048)' with a 20,480 -> 4,096 feature
+  projection (a public retraining note read from its safetensors header), and public launchers
+  refuse any draft config whose `(num_attention_heads, num_key_value_heads)` is not (32, 8). So
+  8 KV heads of 4,096 / 32 = 128, 2 per rank at TP4, BF16 (seed 000: DFLASH_KV_CACHE_DTYPE=auto):
+  1,024 bytes per token per layer. Its block, 1,152, is the fork's FLASH_ATTN selection (seed
+  000's '1152 control'); vLLM 0.34.0's own layer already picks the target's 2,304 when it builds
+  the spec (`_largest_kernel_block_within(..., divisor_of=block_size)`).
+- SCHEDULER: MAX_NUM_BATCHED_TOKENS=8192 (seed 000) with asynchronous scheduling (vLLM's default
+  for this server), so a window holds 2,047 + 2 x 8,192 tokens: 17 blocks of 1,152, 9 of 2,304.
+
+Per 1,048,576-token request: 114 target + 4 x 9 recurrent + 17 or 9 draft = 167 or 159 blocks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from vllm.config import VllmConfig
+from vllm.v1.kv_cache_interface import (
+    CircularBufferSpec,
+    KVCacheGroupSpec,
+    KVCacheSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+    UniformTypeKVCacheSpecs,
+)
+
+from capacity.glm53_specs import Shape, build, runtime_latent, text_config, vllm_config
+
+MILLION = 1_048_576
+TARGET_BLOCK = 2304
+DRAFT_BLOCK = 1152
+"""Seed 000: 'Replicated draft block 1152 control', '2304 planner alignment'."""
+MAX_NUM_BATCHED_TOKENS = 8192
+"""Seed 000's runtime configuration."""
+DRAFT_LAYERS = 5
+DRAFT_WINDOW = 2048
+DRAFT_KV_HEADS_PER_RANK = 8 // 4
+DRAFT_HEAD_SIZE = 4096 // 32
+"""The DFlash2 draft's public facts (see the module docstring) at TP4."""
+SHAPE = Shape(tp=4, dcp=4, spec_tokens=7, block_size=TARGET_BLOCK, max_model_len=MILLION,
+              kda_prefill_backend="triton")  # fmt: skip
+
+
+def draft(layers: int = DRAFT_LAYERS, block: int = DRAFT_BLOCK, window: int = DRAFT_WINDOW,
+          spec: type = SlidingWindowSpec) -> dict[str, KVCacheSpec]:  # fmt: skip
+    """The draft's replicated caches as vLLM 0.34.0's runner makes a DCP-1 draft's specs
+    (`dcp_sharded=False`), with the fork's block unless told otherwise."""
+    extra = {"sliding_window": window} if spec is SlidingWindowSpec else {}
+    return {f"draft.model.layers.{i}.self_attn.attn": spec(
+        block_size=block, num_kv_heads=DRAFT_KV_HEADS_PER_RANK, head_size=DRAFT_HEAD_SIZE,
+        dtype=torch.bfloat16, is_draft=True, dcp_sharded=False, **extra)
+        for i in range(layers)}  # fmt: skip
+
+
+def target(work: Path) -> dict[str, KVCacheSpec]:
+    """The target's caches as the runtime kept them (see the module docstring)."""
+    specs = runtime_latent(build(SHAPE, work))
+    return {n: s for n, s in specs.items() if not isinstance(s, CircularBufferSpec)}
+
+
+def config() -> VllmConfig:
+    served = vllm_config(SHAPE, text_config())
+    served.speculative_config = None
+    served.device_config.device_type = "cuda"
+    served.scheduler_config.max_num_batched_tokens = MAX_NUM_BATCHED_TOKENS
+    served.scheduler_config.async_scheduling = True
+    return served
+
+
+def runtime_partition(groups: list[KVCacheGroupSpec]) -> list[KVCacheGroupSpec]:
+    """vLLM's groups with the recurrent layers regrouped as the runtime grouped them: as many
+    groups as it takes to hold them at the target's attention-layer count each, the layers
+    dealt out evenly in vLLM's order (34 beside 11: [9, 9, 8, 8])."""
+    def specs_of(group: KVCacheGroupSpec) -> dict[str, KVCacheSpec]:
+        inner = getattr(group.kv_cache_spec, "kv_cache_specs", None)
+        return inner or {n: group.kv_cache_spec for n in group.layer_names}
+
+    recurrent = [g for g in groups if all(isinstance(s, MambaSpec)
+                                          for s in specs_of(g).values())]  # fmt: skip
+    specs = {n: s for g in recurrent for n, s in specs_of(g).items()}
+    layers = [n for g in recurrent for n in g.layer_names]
+    attention_layers = len({n.rsplit(".self_attn", 1)[0] for g in groups if g not in recurrent
+                            for n in g.layer_names if not n.startswith("draft.")})  # fmt: skip
+    count = -(-len(layers) // attention_layers)
+    sizes = [len(layers) // count + (i < len(layers) % count) for i in range(count)]
+    parts, start = [], 0
+    for size in sizes:
+        parts.append(layers[start:start + size])
+        start += size
+    return [g for g in groups if g not in recurrent] + [
+        KVCacheGroupSpec(p, UniformTypeKVCacheSpecs.from_specs({n: specs[n] for n in p}))
+        for p in parts]  # fmt: skip
+
+
+def served_capacity(specs: dict[str, KVCacheSpec], budgets: list[int]) -> dict:
+    """vLLM's planner functions (the installed vLLM's: patched or not) on `specs`: its grouping,
+    with 0001 when the series is in, then the runtime's recurrent partition, then the pool and
+    the group-aware capacity at each budget."""
+    import vllm.v1.core.kv_cache_planning as planning
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_capacity
+
+    served = config()
+    groups = runtime_partition(planning.get_kv_cache_groups(served, dict(specs)))
+    out: dict = {"groups": [[len(g.layer_names), g.kv_cache_spec.block_size] for g in groups],
+                 "draft_block": next(g.kv_cache_spec.block_size for g in groups
+                                     if g.layer_names[0].startswith("draft.")),
+                 "budgets": []}  # fmt: skip
+    for budget in budgets:
+        kv = planning.get_kv_cache_config_from_groups(served, groups, budget)
+        tokens, concurrency = get_kv_cache_capacity(served, kv)
+        out["budgets"].append({"budget": budget, "blocks": kv.num_blocks, "tokens": tokens,
+                               "concurrency": concurrency})  # fmt: skip
+    return out
