@@ -39,7 +39,7 @@ from capacity.answer import (
 from capacity.engine_plan import engine_plan
 from capacity.localhost import free_port
 from capacity.question import ANSWER, UNSUPPORTED_EXIT, Question
-from launch.glm53 import GLM53
+from launch.glm53 import GLM53, RUNTIME_TARGET_BLOCK
 
 SPLIT_TARGET = "VLLM_GLM53_SPLIT_TARGET_BLOCK_SIZE"
 LONGEST_CONTEXT = 1 << 26
@@ -133,25 +133,38 @@ def glm53_specs(argv: tuple[str, ...], env: dict[str, str],
                 device: str) -> tuple[Any, dict[str, Any], str | None]:  # fmt: skip
     """GLM-5.3's config and one rank's specs for the shape `argv` serves (see the module
     docstring of `capacity.glm53_specs` for what stands in for the checkpoint)."""
-    from capacity.glm53_specs import MTP_LAYERS, Shape, build, text_config, vllm_config
+    from capacity.glm53_specs import (
+        DFLASH2_CHECKPOINT,
+        MTP_LAYERS,
+        Shape,
+        build,
+        text_config,
+        vllm_config,
+    )
 
     args = serve_args(argv)
     spec = json.loads(args.speculative_config) if isinstance(args.speculative_config, str) \
         else (args.speculative_config or {})  # fmt: skip
     dcp = int(args.decode_context_parallel_size or 1)
-    if spec.get("method") == "dflash":
+    draft = spec.get("method") == "dflash"
+    if draft and DFLASH2_CHECKPOINT not in str(spec.get("model")):
         raise Unsupported(
-            "a DFlash draft: the kit builds GLM-5.3's target layers from vLLM's classes without "
-            "a checkpoint, but the draft's layers need its checkpoint's config (layer types, "
-            "window, heads), which the kit does not have offline; its replicated cache is part "
-            "of the plan (seed 000: 14 of 159 blocks per request), so no figure is given "
-            "rather than the target's alone"
+            f"the DFlash draft {spec.get('model')}: the kit builds the layers of "
+            f"{DFLASH2_CHECKPOINT} drafts only (their shape is known without the checkpoint)"
+        )
+    if draft and dcp > 1 and not draft_replicated(dcp):
+        raise Unsupported(
+            f"a DFlash draft under DCP {dcp}: vLLM {_version()} shards the draft's cache with "
+            "the target's, and its sliding-window layers cannot be sharded ('DCP not support "
+            "sliding window.'); vLLM 0.34.0 keeps such a draft replicated"
         )
     block = int(env.get(SPLIT_TARGET) or args.block_size or 0)
     if not block:
         raise Unsupported(
             "GLM-5.3 without split pages or --block-size: the target block is then chosen by "
-            "vLLM's hybrid alignment from the GPU's attention backend, which the CPU cannot ask"
+            "vLLM's hybrid alignment from the GPU's attention backend, which the CPU cannot "
+            "ask; to plan a start with a named block, name it: VLLM_EXTRA_ARGS='--block-size "
+            f"{RUNTIME_TARGET_BLOCK}' (the block the qualified runtime's alignment gives)"
         )
     backend, note = latent_backend(args.attention_backend)
     shape = Shape(tp=int(args.tensor_parallel_size or 1), dcp=dcp,
@@ -160,14 +173,45 @@ def glm53_specs(argv: tuple[str, ...], env: dict[str, str],
                   max_model_len=int(args.max_model_len), attention_backend=backend,
                   mtp_layers=MTP_LAYERS if spec.get("method") == "mtp" else 0,
                   kda_prefill_backend=str(getattr(args, "kda_prefill_backend", None)
-                                          or "auto"))  # fmt: skip
+                                          or "auto"),
+                  # a draft without a named backend: vLLM's CUDA choice for a BF16 head of 128
+                  draft_backend=str(spec.get("attention_backend") or "FLASH_ATTN") if draft
+                  else "",
+                  draft_kv_cache_dtype=str(spec.get("kv_cache_dtype") or "auto"))  # fmt: skip
     with tempfile.TemporaryDirectory() as work:
         specs = build(shape, Path(work))
     config = vllm_config(shape, text_config())
-    config.speculative_config = None  # the draft's own layers are not built (see glm53_specs)
+    # the drafter's own lookahead keeps no extra window tokens for DFlash or MTP (vLLM's
+    # `num_prefill_lookahead_tokens` - 1 = 0), so its config is not needed for the plan
+    config.speculative_config = None
+    # what a sliding-window draft keeps per request: the window and every in-flight batch
+    # (vLLM's `max_in_flight_tokens`); asynchronous scheduling is vLLM's default for the server
+    if args.max_num_batched_tokens:
+        config.scheduler_config.max_num_batched_tokens = int(args.max_num_batched_tokens)
+    config.scheduler_config.async_scheduling = args.async_scheduling is not False
     config.cache_config.enable_prefix_caching = bool(args.enable_prefix_caching)
     config.device_config.device_type = device  # the server's: its log names the pool by it
     return config, specs, note
+
+
+def draft_replicated(dcp: int) -> bool:
+    """Whether this vLLM keeps a DFlash2 draft's cache whole on every one of `dcp` ranks: its
+    DFlash speculator config's default draft DCP size for a draft of sliding-window, non-MLA
+    layers (vLLM 0.34.0: 1, 'DFlash/DSpark drafts ... default to 1 unless they are
+    full-attention MLA'; a vLLM without that config takes the target's)."""
+    from types import SimpleNamespace
+
+    from capacity.glm53_specs import DFLASH2
+
+    try:
+        from vllm.v1.worker.gpu.spec_decode.dflash.config import DFlashSpeculatorConfig
+    except ImportError:
+        return False
+    layers = SimpleNamespace(use_mla=False, get_sliding_window=lambda: DFLASH2.window)
+    spec = SimpleNamespace(draft_model_config=layers,
+                           target_parallel_config=SimpleNamespace(
+                               decode_context_parallel_size=dcp))  # fmt: skip
+    return DFlashSpeculatorConfig.default_draft_decode_context_parallel_size(spec) == 1
 
 
 def extensible_note(question: Question) -> str | None:

@@ -6,7 +6,10 @@ vLLM's own layers for one sparse-MLA position (its `Indexer`, which owns the C4 
 the tail ring) and one gated-delta position (`Glm5NextLinearAttention`), and the model runner's
 spec path (`vllm.v1.worker.gpu.attn_utils.get_kv_cache_spec`, which applies each backend's
 `customize_spec`) collects them. Rank 0 writes them out, named after `Glm5NextConfig`'s
-`layer_types` (45 layers: 11 sparse-MLA, 34 gated-delta).
+`layer_types` (45 layers: 11 sparse-MLA, 34 gated-delta). With a DFlash2 draft
+(`--draft-backend`), one of its sliding-window layers is vLLM's `Attention` built beside them
+(`DFLASH2`: its shape from public facts, the checkpoint's config not being at hand) and named
+for each of the draft's layers, replicated over the DCP ranks when vLLM keeps it so.
 
 Stand-ins, each for something that cannot run here, and nothing else:
 - the KDA prefill backend: FlashKDA's kernels are CUDA-only, so the gated-delta layer is built
@@ -65,6 +68,32 @@ RANK_TIMEOUT_S = 600
 MTP_LAYERS = 1
 """GLM-5.3-Flash's `num_nextn_predict_layers` (45 layers + 1 MTP in zai-org/GLM-5.3-Flash's
 config; transformers' Glm5NextTextConfig has no such field)."""
+DFLASH2_CHECKPOINT = "GLM-5.3-Flash-DFlash2"
+"""The DFlash2 draft for GLM-5.3-Flash (`incoai/GLM-5.3-Flash-DFlash2`, BF16, and the MXFP8
+quantization of it seed 000 serves, `local-inference-lab/GLM-5.3-Flash-DFlash2-MXFP8`): a
+draft model whose name holds this is built with `DFLASH2`."""
+
+
+@dataclass(frozen=True)
+class DraftLayers:
+    """A DFlash draft's attention layers, all sliding-window (qwen3 architecture)."""
+
+    layers: int
+    window: int
+    heads: int
+    kv_heads: int
+    head_size: int
+
+
+DFLASH2 = DraftLayers(layers=5, window=2048, heads=32, kv_heads=8, head_size=4096 // 32)
+"""GLM-5.3-Flash-DFlash2's layers, from public facts (its config.json is not where the kit can
+read it offline): '5 x qwen3 sliding-attention (window 2048)' and a 20,480 -> 4,096 feature
+projection over five 4,096-wide target taps (a public retraining note, read from the checkpoint's
+safetensors header: hidden size 4,096), and public launchers that refuse a draft config whose
+`(num_attention_heads, num_key_value_heads)` is not (32, 8); the head size is the hidden size
+over the heads (qwen3's). The note's parameter counts agree: its 1.171 B less the projection,
+the selector's codebooks, the convolutions and the MLPs leaves about 5 x 41.9 M, the q, k, v and
+o projections of 4,096 x (2 x 4,096 + 2 x 8 x 128) each layer."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +111,15 @@ class Shape:
     kda_prefill_backend: str = "auto"
     """The server's `--kda-prefill-backend`: with FlashKDA each recurrent layer keeps a
     prefill-checkpoint block per request (vLLM's `Glm5NextLinearAttention.get_kv_cache_spec`)."""
+    draft_backend: str = ""
+    """A DFlash2 draft's attention backend (its speculative config's `attention_backend`); empty:
+    no draft layers. Its layers are `DFLASH2`'s, built with vLLM's `Attention`."""
+    draft_kv_cache_dtype: str = "auto"
+    """The draft's speculative config `kv_cache_dtype` (auto: the model's dtype)."""
+    draft_replicated: bool = True
+    """Whether the draft keeps one cache on every DCP rank: vLLM's DFlash speculator config
+    decides (`capacity.engine.draft_replicated`); the model runner then builds the draft's
+    specs with `dcp_sharded=False`."""
 
 
 def text_config():
@@ -112,6 +150,7 @@ def vllm_config(shape: Shape, text):
         rswa_window=None, dtype=torch.bfloat16, max_model_len=shape.max_model_len,
         supports_kv_cache_grouping=False,  # GLM-5.3 declares no grouping of its own
         original_max_model_len=shape.max_model_len,
+        is_mm_prefix_lm=False,  # read by vLLM's `Attention` (the draft's layers)
     )  # fmt: skip
     return config
 
@@ -236,6 +275,8 @@ def build_rank(shape: Shape, rank: int, port: int) -> dict[str, Any]:
         # built on the CPU (FlashKDA's kernels are CUDA-only); its spec as the GPU server's
         gdn.kda_prefill_backend = gpu_kda_backend(kda, gdn, shape.kda_prefill_backend,
                                                   config.model_config.dtype)
+        if shape.draft_backend:
+            draft_layer(config, shape)
         built = get_kv_cache_spec(config)
         latent = latent_spec(config, text, shape.attention_backend)
         layout = resolved_layout(config, shape.attention_backend)
@@ -257,7 +298,37 @@ def build_rank(shape: Shape, rank: int, port: int) -> dict[str, Any]:
         specs[f"{prefix}.mla_attn"] = latent
         for part in ("indexer.k_cache", "indexer.tail_cache"):
             specs[f"{prefix}.{part}"] = built[f"{prefix}.{part}"]
+    if shape.draft_backend:
+        draft = built[draft_name(0)]
+        if shape.draft_replicated and shape.dcp > 1:  # as vLLM's model runner does
+            draft = dataclasses.replace(draft, dcp_sharded=False)
+        specs.update({draft_name(i): draft for i in range(DFLASH2.layers)})
     return specs
+
+
+def draft_name(index: int) -> str:
+    return f"draft.model.layers.{index}.self_attn.attn"
+
+
+def draft_layer(config, shape: Shape) -> Any:
+    """One DFlash2 draft layer, vLLM's `Attention` as its qwen3 draft model builds it on this
+    rank (heads split over the TP ranks), with the speculative config's backend and KV dtype,
+    marked a draft layer as the speculator marks it. Its spec (the block vLLM's layer picks for
+    a sliding window beside the target's block) is collected with the target's; built under
+    the caller's meta device."""
+    from vllm.model_executor.layers.attention.attention import Attention
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    layer = Attention(
+        num_heads=DFLASH2.heads // shape.tp, head_size=DFLASH2.head_size,
+        scale=DFLASH2.head_size ** -0.5, num_kv_heads=max(1, DFLASH2.kv_heads // shape.tp),
+        cache_config=dataclasses.replace(config.cache_config,
+                                         cache_dtype=shape.draft_kv_cache_dtype),
+        per_layer_sliding_window=DFLASH2.window, prefix=draft_name(0),
+        attn_backend=AttentionBackendEnum[shape.draft_backend].get_class(),
+    )  # fmt: skip
+    layer.is_draft_layer = True
+    return layer
 
 
 def build(shape: Shape, work: Path) -> dict[str, Any]:
@@ -269,7 +340,10 @@ def build(shape: Shape, work: Path) -> dict[str, Any]:
             str(shape.block_size), "--kv-cache-dtype", shape.kv_cache_dtype, "--max-model-len",
             str(shape.max_model_len), "--attention-backend", shape.attention_backend,
             "--mtp-layers", str(shape.mtp_layers), "--kda-prefill-backend",
-            shape.kda_prefill_backend, "--port", str(port), "--out", str(out)]  # fmt: skip
+            shape.kda_prefill_backend, "--draft-backend", shape.draft_backend,
+            "--draft-kv-cache-dtype", shape.draft_kv_cache_dtype,
+            *([] if shape.draft_replicated else ["--draft-sharded"]),
+            "--port", str(port), "--out", str(out)]  # fmt: skip
     # CUDA_VISIBLE_DEVICES empty: vLLM's start on an x86 CPU then takes PyPI's triton as it
     # takes it in a worker whose devices are not yet visible (vllm/triton_utils/importing.py)
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": ""}
@@ -302,13 +376,17 @@ def main() -> None:
     parser.add_argument("--attention-backend", default=SM120_SPARSE_MLA)
     parser.add_argument("--mtp-layers", type=int, default=0)
     parser.add_argument("--kda-prefill-backend", default="auto")
+    parser.add_argument("--draft-backend", default="")
+    parser.add_argument("--draft-kv-cache-dtype", default="auto")
+    parser.add_argument("--draft-sharded", action="store_true")
     parser.add_argument("--rank", type=int)
     parser.add_argument("--port", type=int)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     shape = Shape(args.tp, args.dcp, args.spec_tokens, args.block, args.kv_cache_dtype,
                   args.max_model_len, args.attention_backend, args.mtp_layers,
-                  args.kda_prefill_backend)
+                  args.kda_prefill_backend, args.draft_backend, args.draft_kv_cache_dtype,
+                  not args.draft_sharded)
     if args.rank is None:
         args.out.write_bytes(pickle.dumps(build(shape, args.out.parent)))
         return

@@ -15,3 +15,8 @@ backend stores the same row (`get_fp8_ds_mla_row_bytes`); 0.33.0's stored 656.""
 MLA_SHAPE = (512, 0)
 """GLM-5.3's (`kv_lora_rank`, `qk_rope_head_dim`): transformers' `Glm5NextTextConfig` defaults,
 which `capacity.glm53_specs.text_config` builds on (a test compares the two)."""
+RUNTIME_TARGET_BLOCK = 2304
+"""The target block the qualified runtime's hybrid alignment gives GLM-5.3 without split pages
+(seed 000: '2304 planner alignment' beside the target; seed 004: 'The automatic 2304-token
+unified layout'): the smallest multiple of 128 tokens whose 528-byte latent page holds a
+recurrent state page."""

@@ -21,6 +21,7 @@ import re
 import subprocess
 import sys
 import zipfile
+from unittest import mock
 
 import pytest
 
@@ -31,7 +32,8 @@ from launch.errors import UsageError
 from launch.glm53 import MLA_SHAPE, RUNTIME_LATENT_BYTES
 from launch.loader import load
 from launch.overrides import from_environment
-from launch.plan import assemble
+from launch.plan import assemble, plan_for
+from launch.settings import read_settings
 from launch.vllm_install import VllmInstall, find_vllm
 from launch.vllm_vocab import VLLM_VERSION
 from tests.conftest import REPO
@@ -180,3 +182,28 @@ def test_the_row_read_from_the_source_is_the_backends_own():
     rank, rope = MLA_SHAPE
     impl = SimpleNamespace(kv_lora_rank=rank, qk_rope_head_dim=rope)
     assert FlashInferMLASparseSM120Impl.get_fp8_ds_mla_row_bytes(impl) == RUNTIME_LATENT_BYTES
+
+
+def test_capacity_keeps_the_draft_replicated_as_vllms_dflash_config_says(previous, monkeypatch):
+    """`make capacity` asks vLLM's DFlash speculator config whether the draft stays replicated
+    under DCP: vLLM 0.34.0's says so; 0.33.0 has no such config (its wheel lacks the module), and
+    without it the answer is the refusal, naming vLLM's assertion."""
+    import capacity.engine as engine
+
+    assert engine.draft_replicated(4)
+    assert not (previous.root / "v1/worker/gpu/spec_decode/dflash/config.py").exists()
+    with mock.patch.dict(sys.modules, {"vllm.v1.worker.gpu.spec_decode.dflash.config": None}):
+        assert not engine.draft_replicated(4)
+    monkeypatch.setattr(engine, "draft_replicated", lambda dcp: False)
+    argv = plan_for(read_settings(("IMAGE_SOURCE=kit",)), "dflash-tp4-dcp4").argv
+    with pytest.raises(engine.Unsupported, match=re.escape("'DCP not support sliding window.'")):
+        engine.glm53_specs(argv, {}, "cuda")
+
+
+def test_capacity_builds_no_draft_it_does_not_know():
+    from capacity.engine import Unsupported, glm53_specs
+
+    argv = plan_for(read_settings(("IMAGE_SOURCE=kit",)), "dflash-tp4-dcp4").argv
+    other = tuple(a.replace("GLM-5.3-Flash-DFlash2-MXFP8", "Other-DFlash") for a in argv)
+    with pytest.raises(Unsupported, match="the DFlash draft local-inference-lab/Other-DFlash"):
+        glm53_specs(other, {}, "cuda")

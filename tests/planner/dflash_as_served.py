@@ -15,15 +15,12 @@ runtime's, and where each value comes from:
   target's attention-layer count (the fork's #602: 'grouped primarily by layer count', baseline
   [9, 9, 8, 8, 11]). With the draft's group that is six groups, the seed's logged 'effective
   cache-group CP sizes (4,4,4,4,4,1)'. vLLM 0.34.0 groups the same 34 layers [12, 11, 11].
-- DRAFT (a STAND-IN built from public facts; the MXFP8 checkpoint's config is not at hand): the
-  DFlash2 draft `incoai/GLM-5.3-Flash-DFlash2`, which `local-inference-lab/...-DFlash2-MXFP8`
-  quantizes, is '5 x qwen3 sliding-attention (window 2048)' with a 20,480 -> 4,096 feature
-  projection (a public retraining note read from its safetensors header), and public launchers
-  refuse any draft config whose `(num_attention_heads, num_key_value_heads)` is not (32, 8). So
-  8 KV heads of 4,096 / 32 = 128, 2 per rank at TP4, BF16 (seed 000: DFLASH_KV_CACHE_DTYPE=auto):
-  1,024 bytes per token per layer. Its block, 1,152, is the fork's FLASH_ATTN selection (seed
-  000's '1152 control'); vLLM 0.34.0's own layer already picks the target's 2,304 when it builds
-  the spec (`_largest_kernel_block_within(..., divisor_of=block_size)`).
+- DRAFT: the DFlash2 draft's layers from its public facts (`capacity.glm53_specs.DFLASH2` says
+  where each comes from): 5 sliding-window layers, window 2,048, 8 KV heads of 128 (2 per rank
+  at TP4), BF16 (seed 000: DFLASH_KV_CACHE_DTYPE=auto): 1,024 bytes per token per layer. Its
+  block, 1,152, is the fork's FLASH_ATTN selection (seed 000's '1152 control'); vLLM 0.34.0's
+  own `Attention` layer already picks the target's 2,304 when it builds the spec
+  (`_largest_kernel_block_within(..., divisor_of=block_size)`; `make capacity` builds it so).
 - SCHEDULER: MAX_NUM_BATCHED_TOKENS=8192 (seed 000) with asynchronous scheduling (vLLM's default
   for this server), so a window holds 2,047 + 2 x 8,192 tokens: 17 blocks of 1,152, 9 of 2,304.
 
@@ -45,32 +42,36 @@ from vllm.v1.kv_cache_interface import (
     UniformTypeKVCacheSpecs,
 )
 
-from capacity.glm53_specs import Shape, build, runtime_latent, text_config, vllm_config
+from capacity.glm53_specs import (
+    DFLASH2,
+    Shape,
+    build,
+    draft_name,
+    runtime_latent,
+    text_config,
+    vllm_config,
+)
+from launch.glm53 import RUNTIME_TARGET_BLOCK
 
 MILLION = 1_048_576
-TARGET_BLOCK = 2304
+TARGET_BLOCK = RUNTIME_TARGET_BLOCK
 DRAFT_BLOCK = 1152
 """Seed 000: 'Replicated draft block 1152 control', '2304 planner alignment'."""
 MAX_NUM_BATCHED_TOKENS = 8192
 """Seed 000's runtime configuration."""
-DRAFT_LAYERS = 5
-DRAFT_WINDOW = 2048
-DRAFT_KV_HEADS_PER_RANK = 8 // 4
-DRAFT_HEAD_SIZE = 4096 // 32
-"""The DFlash2 draft's public facts (see the module docstring) at TP4."""
 SHAPE = Shape(tp=4, dcp=4, spec_tokens=7, block_size=TARGET_BLOCK, max_model_len=MILLION,
               kda_prefill_backend="triton")  # fmt: skip
 
 
-def draft(layers: int = DRAFT_LAYERS, block: int = DRAFT_BLOCK, window: int = DRAFT_WINDOW,
+def draft(layers: int = DFLASH2.layers, block: int = DRAFT_BLOCK, window: int = DFLASH2.window,
           spec: type = SlidingWindowSpec) -> dict[str, KVCacheSpec]:  # fmt: skip
-    """The draft's replicated caches as vLLM 0.34.0's runner makes a DCP-1 draft's specs
+    """The draft's replicated caches at TP4 as vLLM 0.34.0's runner makes a DCP-1 draft's specs
     (`dcp_sharded=False`), with the fork's block unless told otherwise."""
     extra = {"sliding_window": window} if spec is SlidingWindowSpec else {}
-    return {f"draft.model.layers.{i}.self_attn.attn": spec(
-        block_size=block, num_kv_heads=DRAFT_KV_HEADS_PER_RANK, head_size=DRAFT_HEAD_SIZE,
-        dtype=torch.bfloat16, is_draft=True, dcp_sharded=False, **extra)
-        for i in range(layers)}  # fmt: skip
+    return {draft_name(i): spec(
+        block_size=block, num_kv_heads=DFLASH2.kv_heads // SHAPE.tp,
+        head_size=DFLASH2.head_size, dtype=torch.bfloat16, is_draft=True, dcp_sharded=False,
+        **extra) for i in range(layers)}  # fmt: skip
 
 
 def target(work: Path) -> dict[str, KVCacheSpec]:

@@ -19,16 +19,13 @@ from vllm.config import VllmConfig
 from vllm.v1.kv_cache_interface import KVCacheSpec, MambaSpec, MLAAttentionSpec
 
 from capacity.glm53_specs import KV_LAYOUT
-from launch.glm53 import GLM53
+from launch.glm53 import GLM53, RUNTIME_TARGET_BLOCK
 
 NUM_LAYERS = 45
 MLA_BYTES_PER_TOKEN = 561
 SSM_SHAPE = (16, 128, 128)
 CONV_ROWS = {"mtp": 3, "dflash": 5}
 TWELVE_GIB = 12_884_901_888
-AUTO_TARGET_BLOCK = 2304
-"""The block vLLM's hybrid alignment promotes GLM-5.3's target to (one MLA page >= one
-recurrent page, in 128-token steps)."""
 
 
 def vllm_config(
@@ -88,13 +85,13 @@ def mtp_auto_alignment() -> dict[str, KVCacheSpec]:
     """Seed 004's control: vLLM's hybrid alignment promotes the target block to 2,304 tokens
     and pads each recurrent page to the 2,304-token MLA page (what the platform step does)."""
     specs: dict[str, KVCacheSpec] = {}
-    page = AUTO_TARGET_BLOCK * MLA_BYTES_PER_TOKEN
+    page = RUNTIME_TARGET_BLOCK * MLA_BYTES_PER_TOKEN
     for i in range(NUM_LAYERS):
         if i % 4 == 3:
-            specs[f"model.layers.{i}.self_attn"] = mla(AUTO_TARGET_BLOCK, dcp_sharded=False)
+            specs[f"model.layers.{i}.self_attn"] = mla(RUNTIME_TARGET_BLOCK, dcp_sharded=False)
         else:
             specs[f"model.layers.{i}.linear_attn"] = recurrent(
-                AUTO_TARGET_BLOCK, "mtp", padded_to=page
+                RUNTIME_TARGET_BLOCK, "mtp", padded_to=page
             )
     return specs
 

@@ -10,6 +10,7 @@ from capacity.engine import largest_context_for, smallest_budget_for
 from capacity.engine_plan import EnginePlan, Refused, engine_plan
 from capacity.glm53_specs import Shape, runtime_latent, text_config, vllm_config
 from tests.planner.dflash_as_served import DRAFT_BLOCK, TARGET_BLOCK
+from tests.planner.figures import SM120_BLOCKS_AT_12_GIB
 from tests.planner.planning import plan
 from tests.planner.seed_shapes import TWELVE_GIB
 from tests.planner.seed_shapes import vllm_config as planner_config
@@ -55,7 +56,7 @@ def test_seed_000_blocks_with_the_runtimes_latent_and_with_vllms(real_specs):
     assert round(twelve.num_blocks / twelve.max_concurrency) == 145
     own = engine(dflash_config(), real_specs["dflash"], TWELVE_GIB)
     assert own.geometry.stride_bytes == twelve.geometry.stride_bytes + 64 * 132
-    assert own.num_blocks == 905
+    assert own.num_blocks == SM120_BLOCKS_AT_12_GIB
 
 
 SEED_000_TOKENS = {DRAFT_BLOCK: 5_688_681, TARGET_BLOCK: 5_974_904}

@@ -11,12 +11,16 @@ token figures themselves, in the runtime's layout, are tests/planner/test_capaci
 
 from __future__ import annotations
 
+import os
+from unittest import mock
+
 import pytest
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 
 from capacity.engine_plan import vllm_lines
 from capacity.glm53_specs import runtime_latent
 from tests.planner.dflash_as_served import DRAFT_BLOCK, TARGET_BLOCK, draft
+from tests.planner.figures import SM120_BLOCKS_AT_12_GIB
 from tests.planner.planning import plan, pristine
 from tests.planner.seed_shapes import TWELVE_GIB, vllm_config
 
@@ -115,3 +119,53 @@ def test_a_promotion_that_would_enlarge_the_pool_keeps_the_block(target):
     assert lines == [f"Keeping replicated draft cache block sizes [{DRAFT_BLOCK}]: a "
                      f"{TARGET_BLOCK}-token block would grow the KV cache pool stride from "
                      f"{result.stride} to {grown} bytes."]  # fmt: skip
+
+
+def dflash_question(*sets: str):
+    """The question `make capacity PROFILE=dflash-tp4-dcp4 IMAGE_SOURCE=kit` asks at 12 GiB."""
+    from capacity.host import Budgets, question_for
+    from launch.plan import plan_for
+    from launch.settings import read_settings
+
+    plan = plan_for(read_settings(("IMAGE_SOURCE=kit", *sets)), "dflash-tp4-dcp4")
+    return question_for(plan, Budgets((TWELVE_GIB,), "--budget"), None, 0)
+
+
+def test_make_capacity_builds_the_draft_with_vllms_attention_layer(real_specs):
+    """The engine side of `make capacity` (what runs in the kit's CUDA image) on the dflash
+    profile with its target block named: the DFlash2 draft's five layers are vLLM's own
+    `Attention` (the profile's FLASH_ATTN, BF16), which in vLLM 0.34.0 takes the target's 2,304
+    tokens itself (0001 has nothing to align) and, by vLLM's DFlash speculator config, stays
+    replicated (CP 1): 2,304 x 1,024-byte pages. The pool is the target's: with vLLM's SM120
+    latent the same blocks as the target alone, 905 at 12 GiB (the runtime's B12X gets 906)."""
+    from capacity.answer import EnginePlan
+    from capacity.engine import answer, draft_replicated
+    from capacity.engine_plan import engine_plan
+    from capacity.glm53_specs import DFLASH2, Shape, text_config
+    from capacity.glm53_specs import vllm_config as glm_config
+    from launch.loader import load
+
+    assert draft_replicated(4)
+    with mock.patch.dict(os.environ):  # the answer takes the question's server environment
+        said = answer(dflash_question(f"VLLM_EXTRA_ARGS=--block-size {TARGET_BLOCK}"))
+    plan = said.plans[0]
+    assert isinstance(plan, EnginePlan), plan
+    draft_groups = [g for g in plan.geometry.groups if g.role == "draft"]
+    assert [(g.layers, g.block_size, g.cp_size, g.page_bytes) for g in draft_groups] == [
+        (DFLASH2.layers, TARGET_BLOCK, 1, TARGET_BLOCK * 1024)]
+    assert plan.geometry.block_sizes["draft"] == load("dflash-tp4-dcp4").profile.expect.block_sizes[
+        "draft"]  # fmt: skip
+    config = glm_config(Shape(tp=4, dcp=4, spec_tokens=7, block_size=TARGET_BLOCK,
+                              max_model_len=1_048_576), text_config())  # fmt: skip
+    config.speculative_config = None
+    alone = engine_plan(config, real_specs["dflash"], TWELVE_GIB)
+    assert plan.num_blocks == alone.num_blocks == SM120_BLOCKS_AT_12_GIB
+    assert not plan.said("Aligned replicated draft cache block size")
+
+
+def test_make_capacity_without_a_target_block_names_the_fix():
+    from capacity.engine import Unsupported, answer
+
+    with mock.patch.dict(os.environ), pytest.raises(
+            Unsupported, match=f"VLLM_EXTRA_ARGS='--block-size {TARGET_BLOCK}'"):
+        answer(dflash_question())

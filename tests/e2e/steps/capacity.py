@@ -14,6 +14,7 @@ import time
 import requests
 
 from capacity.answer import EnginePlan, plan_from_json
+from launch.glm53 import RUNTIME_TARGET_BLOCK
 from launch.loader import load
 from launch.vllm_vocab import VLLM_VERSION
 from smoke.capacity_check import cache_config_info, disagreements
@@ -34,6 +35,7 @@ from tests.e2e.harness import (
 from tests.e2e.steps.faults import KV_DOES_NOT_FIT
 from tests.e2e.steps.images import CUDA_PIN
 from tests.e2e.steps.serving import SMOKE
+from tests.planner.figures import SM120_BLOCKS_AT_12_GIB
 
 SECOND_BUDGET = 536_870_912
 """The second budget (512 MiB, half the profile's), set as KV_CACHE_MEMORY in compose/.env."""
@@ -141,8 +143,10 @@ def up_refuses_then_the_fix_serves(run: Run) -> str:
 def glm_in_cuda_image(run: Run) -> str:
     """Both GLM profiles in the CUDA image CI built (IMAGE_SOURCE=kit: its vLLM 0.34.0 with the
     patch series, on the CPU): mtp3 plans the split pages (every block and page size seed 004
-    names: vLLM 0.34.0's SM120 latent row is the runtime's); dflash is refused, naming the
-    draft checkpoint's config the kit does not have."""
+    names: vLLM 0.34.0's SM120 latent row is the runtime's); dflash, whose target block vLLM
+    aligns on the GPU, is refused naming the block to give, and with that block plans the
+    DFlash2 draft's replicated layers at the profile's draft block, the pool vLLM's SM120
+    latent gives (905 blocks at 12 GiB; the runtime's B12X backend gets seed 000's 906)."""
     env = {"IMAGE": run.state.image("kit-id"), "IMAGE_SOURCE": "kit"}
     answer, secs, _ = predict(run, "--budget", "12GiB", env=env, profile="mtp3-tp4-split")
     plan = answer["plans"][0]
@@ -157,11 +161,23 @@ def glm_in_cuda_image(run: Run) -> str:
     done = make(run, "capacity", "PROFILE=dflash-tp4-dcp4", timeout=600, check=False,
                 env={**run.env, **env})  # fmt: skip
     said = done.stderr + done.stdout
-    if done.returncode != 2 or "the draft's layers need its checkpoint's config" not in said:
-        raise StepFailed(f"dflash: exit {done.returncode}: {said[-400:]}")
+    fix = f"VLLM_EXTRA_ARGS='--block-size {RUNTIME_TARGET_BLOCK}'"
+    if done.returncode != 2 or fix not in said:
+        raise StepFailed(f"dflash without a block: exit {done.returncode}: {said[-400:]}")
+    named = {**env, "VLLM_EXTRA_ARGS": f"--block-size {RUNTIME_TARGET_BLOCK}"}
+    dflash, dsecs, _ = predict(run, "--budget", "12GiB", env=named, profile="dflash-tp4-dcp4")
+    drafted = dflash["plans"][0]
+    draft = [g for g in drafted["geometry"]["groups"] if g["role"] == "draft"]
+    wanted = load("dflash-tp4-dcp4").profile.expect.block_sizes["draft"]
+    if (drafted["num_blocks"] != SM120_BLOCKS_AT_12_GIB
+            or [(g["block_size"], g["cp_size"]) for g in draft] != [(wanted, 1)]):
+        raise StepFailed(f"dflash in the CUDA image: {drafted['num_blocks']} blocks, draft "
+                         f"groups {draft}")  # fmt: skip
     return (f"mtp3: {plan['num_blocks']:,} blocks, {plan['tokens']:,} tokens at 12 GiB, pages "
-            f"{geometry['page_bytes']} ({secs:.0f} s cold); dflash refused: the draft's layers "
-            "need its checkpoint's config")  # fmt: skip
+            f"{geometry['page_bytes']} ({secs:.0f} s cold); dflash: refused without a block "
+            f"({fix}), with it {drafted['num_blocks']:,} blocks, {drafted['tokens']:,} "
+            f"tokens, the draft's {draft[0]['layers']} layers replicated at {wanted} tokens "
+            f"({dsecs:.0f} s cold)")  # fmt: skip
 
 
 PREDICTED = Step("make capacity equals the started engine (log, geometry, /metrics)",
