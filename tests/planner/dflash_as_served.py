@@ -1,17 +1,19 @@
 """Seed 000's DFlash server as the qualified runtime laid out its KV cache, for vLLM's planner.
 
 Seed 000's figures (906 blocks at 12 GiB; 5,688,681 tokens with the 1,152-token draft block,
-5,974,904 with 2,304; 7,900,591 at '15.87 GiB') come out of vLLM 0.34.0's planner functions
-when the caches are laid out as that runtime laid them out. What is vLLM's, what is the
-runtime's, and where each value comes from:
+5,974,904 with 2,304; 7,900,591 at '15.87 GiB') come out of vLLM 0.34.0's engine core sizing
+(`make capacity`'s) when the caches are laid out as that runtime laid them out. What is vLLM's,
+what is the runtime's, and where each value comes from:
 
 - TARGET: vLLM's GLM-5.3 layers at TP4/DCP4 and the 2,304-token block (capacity/glm53_specs.py),
   with the runtime's latent rows (`runtime_latent`), without vLLM's tail-ring cache (the runtime
   logs two physical page sizes, target and recurrent) and built with the Triton KDA prefill, so
   a recurrent layer keeps 2 + 7 speculative blocks per request and no FlashKDA checkpoint block
-  (seed 000's command line sets no KDA prefill backend; with the checkpoint block no layout
-  gives the seed's figures).
-- RECURRENT PARTITION: the runtime's, `runtime_partition`: recurrent layers grouped by the
+  (seed 000's command line sets no KDA prefill backend; with the checkpoint block neither
+  vLLM's recurrent partition nor the runtime's gives the 167 and 159 blocks per request the
+  seed's figures need).
+- RECURRENT PARTITION: the runtime's, `runtime_partition`, declared through vLLM's hook for a
+  model's own grouping (`RuntimeGrouping`): recurrent layers grouped by the
   target's attention-layer count (the fork's #602: 'grouped primarily by layer count', baseline
   [9, 9, 8, 8, 11]). With the draft's group that is six groups, the seed's logged 'effective
   cache-group CP sizes (4,4,4,4,4,1)'. vLLM 0.34.0 groups the same 34 layers [12, 11, 11].
@@ -30,6 +32,7 @@ Per 1,048,576-token request: 114 target + 4 x 9 recurrent + 17 or 9 draft = 167 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from vllm.config import VllmConfig
@@ -51,7 +54,7 @@ from capacity.glm53_specs import (
     text_config,
     vllm_config,
 )
-from launch.glm53 import RUNTIME_TARGET_BLOCK
+from launch.glm53 import GLM53, RUNTIME_TARGET_BLOCK
 
 MILLION = 1_048_576
 TARGET_BLOCK = RUNTIME_TARGET_BLOCK
@@ -80,12 +83,30 @@ def target(work: Path) -> dict[str, KVCacheSpec]:
     return {n: s for n, s in specs.items() if not isinstance(s, CircularBufferSpec)}
 
 
+class RuntimeGrouping:
+    """The runtime's grouping, declared the way vLLM lets a model declare its own
+    (`SupportsKVCacheGrouping`: the engine core's planner asks the model class for its groups,
+    then checks they partition the layers): vLLM's default grouping (with patch 0001 when the
+    series is in), the recurrent layers then regrouped as the runtime grouped them."""
+
+    @staticmethod
+    def get_kv_cache_groups(vllm_config: VllmConfig,
+                            specs: dict[str, KVCacheSpec]) -> list[KVCacheGroupSpec]:  # fmt: skip
+        import vllm.v1.core.kv_cache_planning as planning
+
+        return runtime_partition(planning.get_kv_cache_groups(vllm_config, specs))
+
+
 def config() -> VllmConfig:
     served = vllm_config(SHAPE, text_config())
     served.speculative_config = None
     served.device_config.device_type = "cuda"
     served.scheduler_config.max_num_batched_tokens = MAX_NUM_BATCHED_TOKENS
     served.scheduler_config.async_scheduling = True
+    model = served.model_config
+    model.supports_kv_cache_grouping = True
+    model.architectures = [model.architecture]
+    model.registry = SimpleNamespace(resolve_model_cls=lambda *_: (RuntimeGrouping, GLM53))
     return served
 
 
@@ -115,21 +136,17 @@ def runtime_partition(groups: list[KVCacheGroupSpec]) -> list[KVCacheGroupSpec]:
 
 
 def served_capacity(specs: dict[str, KVCacheSpec], budgets: list[int]) -> dict:
-    """vLLM's planner functions (the installed vLLM's: patched or not) on `specs`: its grouping,
-    with 0001 when the series is in, then the runtime's recurrent partition, then the pool and
-    the group-aware capacity at each budget."""
-    import vllm.v1.core.kv_cache_planning as planning
-    from vllm.v1.core.kv_cache_utils import get_kv_cache_capacity
+    """The engine core's sizing (`make capacity`'s, `capacity.engine_plan`) by the installed
+    vLLM, patched or not, on `specs` at each budget, with the runtime's grouping."""
+    from capacity.engine_plan import EnginePlan, engine_plan
 
-    served = config()
-    groups = runtime_partition(planning.get_kv_cache_groups(served, dict(specs)))
-    out: dict = {"groups": [[len(g.layer_names), g.kv_cache_spec.block_size] for g in groups],
-                 "draft_block": next(g.kv_cache_spec.block_size for g in groups
-                                     if g.layer_names[0].startswith("draft.")),
-                 "budgets": []}  # fmt: skip
+    out: dict = {"budgets": []}
     for budget in budgets:
-        kv = planning.get_kv_cache_config_from_groups(served, groups, budget)
-        tokens, concurrency = get_kv_cache_capacity(served, kv)
-        out["budgets"].append({"budget": budget, "blocks": kv.num_blocks, "tokens": tokens,
-                               "concurrency": concurrency})  # fmt: skip
+        plan = engine_plan(config(), specs, budget)
+        assert isinstance(plan, EnginePlan), plan
+        out["groups"] = [[g.layers, g.block_size, g.cp_size] for g in plan.geometry.groups
+                         if g.role not in ("indexer",)]  # latent+indexer share one group
+        out["draft_block"] = plan.geometry.block_sizes["draft"]
+        out["budgets"].append({"budget": budget, "blocks": plan.num_blocks,
+                               "tokens": plan.tokens, "concurrency": plan.max_concurrency})
     return out

@@ -73,7 +73,7 @@ def dflash_served(tmp_path_factory):
 
 
 def test_seed_000_tokens_with_and_without_patch_0001(dflash_served):
-    """Seed 000's three token figures from vLLM's planner functions, the caches laid out as the
+    """Seed 000's three token figures from vLLM's engine core sizing, the caches laid out as the
     qualified runtime laid them out (tests/planner/dflash_as_served.py says which values are
     vLLM's, which the runtime's, and which the draft stand-in's, and from where). The unpatched
     vLLM 0.34.0 keeps the draft's 1,152-token block: the seed's control. With patch 0001 the
@@ -85,7 +85,7 @@ def test_seed_000_tokens_with_and_without_patch_0001(dflash_served):
     budgets = [TWELVE_GIB, int(SEED_000_PRODUCTION_GIB * GIB)]
     patched = served_capacity(dflash_served, budgets)
     control = pristine("tests.planner.dflash_as_served:served_capacity", dflash_served, budgets)
-    assert [g[0] for g in patched["groups"]] == [22, 5, 9, 9, 8, 8]  # (4,4,4,4,4,1) groups
+    assert sorted(g[0] for g in patched["groups"]) == [5, 8, 8, 9, 9, 11]  # the seed's 6 groups
     assert (control["draft_block"], patched["draft_block"]) == (DRAFT_BLOCK, TARGET_BLOCK)
     for run in (control, patched):
         at_twelve, at_production = run["budgets"]
