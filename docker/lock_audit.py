@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import fsspec
-import requests
+import httpx
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
@@ -78,7 +78,7 @@ def target_tags(python: tuple[int, int]) -> set[Tag]:
             *compatible_tags(python, platforms=platforms)}  # fmt: skip
 
 
-def wheel_url(session: requests.Session, pin: Pin, tags: set[Tag]) -> str | None:
+def wheel_url(session: httpx.Client, pin: Pin, tags: set[Tag]) -> str | None:
     """The locked wheel of `pin` for `tags`, or None when the lock holds no such wheel."""
     index = session.get(f"{INDEX}/{canonicalize_name(pin.name)}/", timeout=60,
                         headers={"Accept": "application/vnd.pypi.simple.v1+json"})  # fmt: skip
@@ -139,7 +139,7 @@ def _minor(version: str) -> str:
 def audit(lock_text: str, python: tuple[int, int]) -> Audit:
     tags = target_tags(python)
     locked = pins(lock_text)
-    session = requests.Session()
+    session = httpx.Client(follow_redirects=True)
 
     def one(pin: Pin) -> tuple[Pin, str | None, dict[str, str]]:
         url = wheel_url(session, pin, tags)

@@ -202,16 +202,16 @@ def hub_weights(specs: list[tuple[str, str]], endpoint: str, token: str | None,
                 timeout: float = 10.0) -> HubWeights:  # fmt: skip
     """Sizes of (repo, revision) from the Hub's tree API (`/api/models/{repo}/tree/{rev}`, the
     listing huggingface_hub's `list_repo_tree` reads), LFS files at their real size."""
-    import requests
+    import httpx
 
     total, gated, problems = 0, [], []
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     for repo, revision in specs:
         url = f"{endpoint.rstrip('/')}/api/models/{repo}/tree/{revision}"
         try:
-            response = requests.get(url, params={"recursive": "true"}, headers=headers,
-                                    timeout=timeout)  # fmt: skip
-        except requests.RequestException as err:
+            response = httpx.get(url, params={"recursive": "true"}, headers=headers,
+                                 timeout=timeout, follow_redirects=True)  # fmt: skip
+        except httpx.HTTPError as err:
             problems.append(f"{endpoint} not reachable ({type(err).__name__})")
             continue
         if response.status_code in (401, 403):

@@ -16,7 +16,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-import requests
+import httpx
 
 from launch.errors import UsageError
 
@@ -88,6 +88,12 @@ def _login_fix(ref: ImageRef) -> str:
     return f"run `docker login{host}` (make pin uses the credentials docker stores), then retry"
 
 
+def _get(url: str, timeout: float, **how: object) -> httpx.Response:
+    """A GET as a registry client makes it: redirects followed (the distribution spec allows
+    them), within `timeout`."""
+    return httpx.get(url, timeout=timeout, follow_redirects=True, **how)  # type: ignore[arg-type]
+
+
 def _token(
     challenge: str, ref: ImageRef, timeout: float, login: tuple[str, str] | None
 ) -> str:
@@ -101,7 +107,7 @@ def _token(
             "log in to the registry or use a public image",
         )
     params.setdefault("scope", f"repository:{ref.repository}:pull")
-    response = requests.get(realm, params=params, auth=login, timeout=timeout)
+    response = _get(realm, timeout, params=params, auth=login)
     if response.status_code in (401, 403):
         raise UsageError("IMAGE", ref.name, f"the token service refused "
                          f"{'the docker login of ' + login[0] if login else 'anonymous access'}",
@@ -117,17 +123,17 @@ def resolve_digest(ref: ImageRef, *, timeout: float = 30.0) -> str:
     headers = {"Accept": ", ".join(MANIFEST_TYPES)}
     login = None
     try:
-        response = requests.get(url, headers=headers, timeout=timeout)
+        response = _get(url, timeout, headers=headers)
         challenge = response.headers.get("WWW-Authenticate", "")
         if response.status_code == 401:
             login = credentials(ref.registry)
         if response.status_code == 401 and challenge.startswith("Bearer"):
             token = _token(challenge, ref, timeout, login)
             headers["Authorization"] = f"Bearer {token}"
-            response = requests.get(url, headers=headers, timeout=timeout)
+            response = _get(url, timeout, headers=headers)
         elif response.status_code == 401 and login is not None:
-            response = requests.get(url, headers=headers, auth=login, timeout=timeout)
-    except requests.RequestException as err:
+            response = _get(url, timeout, headers=headers, auth=login)
+    except httpx.HTTPError as err:
         raise UsageError(
             "IMAGE",
             f"{ref.name}:{ref.tag}",

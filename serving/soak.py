@@ -26,8 +26,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import httptools
-
 from launch.sizes import MIB
 from serving.bench.cells import (
     RequestSettings,
@@ -38,6 +36,7 @@ from serving.bench.cells import (
 )
 from serving.bench.client import StreamResult, Target, request_json, stream_chat
 from smoke.agent_api import TOOL_PROMPT, WEATHER_TOOL
+from smoke.client import RequestError
 from smoke.metrics import (
     KV_USAGE,
     P50,
@@ -300,10 +299,8 @@ async def send(target: Target, request: Request, body: dict[str, Any], timeout: 
             status, data = await request_json(
                 target, "POST", "/v1/chat/completions", body, timeout=timeout
             )
-        except (OSError, TimeoutError) as err:
+        except (OSError, TimeoutError, RequestError) as err:
             result.error = f"connection failed: {err}"
-        except httptools.HttpParserError as err:
-            result.error = f"HTTP framing: {err}"
         else:
             result.status = status
             choices = data.get("choices") if isinstance(data, dict) else None

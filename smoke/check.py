@@ -9,9 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import requests
-
-from smoke.client import CheckFailed
+from smoke.client import CheckFailed, RequestError, Timeout
 
 
 @dataclass(frozen=True)
@@ -46,7 +44,7 @@ def guard(label: Label, expected: str, body: Callable[[], str]) -> Check:
         return result(label, expected, body(), True)
     except CheckFailed as err:
         return result(label, expected, str(err), False)
-    except requests.Timeout:
+    except Timeout:
         return result(label, expected, "timed out", False)
-    except requests.RequestException as err:
+    except RequestError as err:
         return result(label, expected, f"request failed: {type(err).__name__}", False)

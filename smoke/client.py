@@ -1,22 +1,26 @@
-"""The smoke's HTTP client for a running vLLM server: chat requests, their SSE streams, prompts of
-an exact token length by the server's own tokenizer, and `/metrics`. Every check and the bench's
-untimed requests go through it.
+"""The kit's HTTP client for a running vLLM server: chat requests, their SSE streams, prompts of
+an exact token length by the server's own tokenizer, and `/metrics`, for the checks (this
+module's functions) and for the serving tools' timed streams (`serving.bench.client`, on the
+same library and the same `Server`).
 
-Plain `requests`: the checks need status codes, raw SSE lines and arrival times, which the
-official client hides. Every request has a connect and read timeout, and a stream also has an
-overall deadline, so a hung server fails a named check in bounded time instead of hanging.
-A failure of the server's answer raises `CheckFailed` with what was seen.
+httpx, synchronous here and asynchronous for the timed streams: the checks need status codes and
+raw SSE lines, which the official OpenAI client hides. Every request has a connect and read
+timeout, and a stream also has an overall deadline, so a hung server fails a named check in
+bounded time instead of hanging. A failure of the server's answer raises `CheckFailed` with what
+was seen; a request that never got an answer raises `RequestError` (`Timeout` when it ran out
+of time).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import requests
+import httpx
 
 REASONING_FIELDS = ("reasoning", "reasoning_content")
 """Where vLLM puts separated thinking: `reasoning` in 0.33, `reasoning_content` before (and in
@@ -29,6 +33,10 @@ FILLER = ("The river bends past the old mill, where the miller keeps his ledgers
 PIECES = (" a", ".", "a", " ")
 """Short pieces that close the last gap when a filler word overshoots by more than one token."""
 Messages = list[dict[str, Any]]
+RequestError = httpx.HTTPError
+"""A request that got no answer: refused, reset, timed out (the library's base class)."""
+Timeout = httpx.TimeoutException
+CONNECT_TIMEOUT = 5.0
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,10 @@ class Server:
     def url(self, path: str) -> str:
         return self.base_url.rstrip("/") + path
 
+    def timeouts(self) -> httpx.Timeout:
+        """The connect timeout, and this server's for everything else."""
+        return httpx.Timeout(self.timeout, connect=CONNECT_TIMEOUT)
+
 
 class CheckFailed(Exception):
     """The server's answer is wrong: the message is what the verdict shows as seen."""
@@ -69,7 +81,24 @@ class StreamCut(CheckFailed):
     """The stream ended without `data: [DONE]`."""
 
 
-def decode_json(response: requests.Response) -> dict[str, Any]:
+@functools.cache
+def _client() -> httpx.Client:
+    """One connection pool for the process (httpx's client is safe to share between threads);
+    each request carries its server's headers and timeouts."""
+    return httpx.Client()
+
+
+def send(server: Server, method: str, path: str, *, body: object | None = None,
+         stream: bool = False, timeouts: httpx.Timeout | None = None) -> httpx.Response:
+    """One request (the server's timeouts unless given); with `stream` the body is left to
+    read (close the response when done)."""
+    request = _client().build_request(method, server.url(path), json=body,
+                                      headers=server.headers(),
+                                      timeout=timeouts or server.timeouts())  # fmt: skip
+    return _client().send(request, stream=stream)
+
+
+def decode_json(response: httpx.Response) -> dict[str, Any]:
     """The JSON object of a 200 answer."""
     if response.status_code != 200:
         raise CheckFailed(f"HTTP {response.status_code}: {response.text[:120]!r}")
@@ -83,23 +112,18 @@ def decode_json(response: requests.Response) -> dict[str, Any]:
 
 
 def post_json(server: Server, extra: dict[str, Any], *,
-              thinking_off: bool = False) -> requests.Response:  # fmt: skip
+              thinking_off: bool = False) -> httpx.Response:  # fmt: skip
     """One greedy chat completion request with `extra` fields (messages, max_tokens, ...);
     `thinking_off` asks a reasoning server for a direct answer."""
     body: dict[str, Any] = {"model": server.model_id, "temperature": 0, **extra}
     if thinking_off and server.reasoning:
         body["chat_template_kwargs"] = {"enable_thinking": False}
-    return requests.post(
-        server.url("/v1/chat/completions"),
-        json=body,
-        headers=server.headers(),
-        stream=bool(body.get("stream")),
-        timeout=(5, server.timeout),
-    )
+    return send(server, "POST", "/v1/chat/completions", body=body,
+                stream=bool(body.get("stream")))
 
 
 def post_chat(server: Server, prompt: str, max_tokens: int, *,
-              stream: bool = False) -> requests.Response:  # fmt: skip
+              stream: bool = False) -> httpx.Response:  # fmt: skip
     """One greedy exact-answer request (streamed with usage when `stream`)."""
     extra: dict[str, Any] = {
         "messages": [{"role": "user", "content": prompt}],
@@ -115,17 +139,18 @@ def ask(server: Server, prompt: str, max_tokens: int) -> dict[str, Any]:
     return decode_json(post_chat(server, prompt, max_tokens))
 
 
-def sse_chunks(server: Server, response: requests.Response) -> Iterator[dict[str, Any]]:
+def sse_chunks(server: Server, response: httpx.Response) -> Iterator[dict[str, Any]]:
     """The JSON chunks of a streamed response until [DONE], within the request timeout; a
     stream that ends without [DONE] raises `StreamCut`."""
     deadline = time.monotonic() + server.timeout
-    if response.status_code != 200:
-        raise CheckFailed(f"HTTP {response.status_code}: {response.text[:120]!r}")
     try:
-        for raw in response.iter_lines(chunk_size=None, decode_unicode=False):
+        if response.status_code != 200:
+            response.read()
+            raise CheckFailed(f"HTTP {response.status_code}: {response.text[:120]!r}")
+        for raw in response.iter_lines():
             if time.monotonic() > deadline:
                 raise CheckFailed(f"stream exceeded {server.timeout:.0f} s")
-            line = raw.decode("utf-8", "replace").strip()
+            line = raw.strip()
             if not line.startswith("data:"):
                 continue
             data = line[5:].strip()
@@ -175,9 +200,8 @@ def usage_counts(data: dict[str, Any]) -> tuple[int, int, int]:
 
 
 def models(server: Server) -> list[dict[str, Any]]:
-    """The model cards `/v1/models` lists (raises CheckFailed or a requests error)."""
-    data = decode_json(requests.get(server.url("/v1/models"), headers=server.headers(),
-                                    timeout=(5, server.timeout)))  # fmt: skip
+    """The model cards `/v1/models` lists (raises CheckFailed or RequestError)."""
+    data = decode_json(send(server, "GET", "/v1/models"))
     return [m for m in data.get("data", []) if isinstance(m, dict)]
 
 
@@ -185,7 +209,7 @@ def served_context(server: Server) -> int | None:
     """`max_model_len` of the served model in `/v1/models` (vLLM reports it), or None."""
     try:
         cards = models(server)
-    except (CheckFailed, requests.RequestException):
+    except (CheckFailed, RequestError):
         return None
     for model in cards:
         if model.get("id") == server.model_id:
@@ -196,8 +220,7 @@ def served_context(server: Server) -> int | None:
 
 def metrics_text(server: Server) -> str:
     """The server's Prometheus exposition (`/metrics`)."""
-    response = requests.get(server.url("/metrics"), headers=server.headers(),
-                            timeout=(5, server.timeout))  # fmt: skip
+    response = send(server, "GET", "/metrics")
     if response.status_code != 200:
         raise CheckFailed(f"/metrics answered HTTP {response.status_code}")
     return response.text
@@ -205,9 +228,8 @@ def metrics_text(server: Server) -> str:
 
 def count_tokens(server: Server, messages: Messages) -> int:
     """The chat-templated prompt length by the server's own tokenizer (`/tokenize`)."""
-    response = requests.post(server.url("/tokenize"),
-                             json={"model": server.model_id, "messages": messages},
-                             headers=server.headers(), timeout=(5, server.timeout))  # fmt: skip
+    response = send(server, "POST", "/tokenize",
+                    body={"model": server.model_id, "messages": messages})
     if response.status_code != 200:
         raise CheckFailed(f"/tokenize answered HTTP {response.status_code}; the server must run "
                           "with its tokenizer endpoint (vLLM's default) to build exact prompts")

@@ -13,15 +13,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-import requests
+import httpx
 
 from smoke.check import Check, Label, result, skipped
-from smoke.client import Server
+from smoke.client import RequestError, Server, send
 from smoke.containers import Restarts
 from smoke.logparse import NO_CAUSE, LogParser, root_cause_of
 
 SERVER_UP = Label("server-up", "ready: server up")
 RESTARTS = Label("restarts", "server: no restart during the checks")
+PROBE_TIMEOUTS = httpx.Timeout(5.0, connect=2.0)
+"""A readiness probe's: a server still starting answers nothing, so it is asked often."""
 
 
 class LogSource(Protocol):
@@ -81,13 +83,13 @@ class LogTail:
 def _up(server: Server) -> str | None:
     """None when ready, else why not."""
     try:
-        health = requests.get(server.url("/health"), headers=server.headers(), timeout=(2, 5))
+        health = send(server, "GET", "/health", timeouts=PROBE_TIMEOUTS)
         if health.status_code != 200:
             return f"/health HTTP {health.status_code}"
-        models = requests.get(server.url("/v1/models"), headers=server.headers(), timeout=(2, 5))
+        models = send(server, "GET", "/v1/models", timeouts=PROBE_TIMEOUTS)
         if models.status_code != 200:
             return f"/v1/models HTTP {models.status_code}"
-    except requests.RequestException as err:
+    except RequestError as err:
         return f"not reachable ({type(err).__name__})"
     return None
 

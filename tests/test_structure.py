@@ -192,3 +192,33 @@ README_LINES = 160
 def test_the_readme_fits_its_reader():
     lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
     assert len(lines) <= README_LINES, f"README.md has {len(lines)} lines; move detail to docs/"
+
+
+HTTP_LIBRARIES = frozenset({"requests", "httptools", "aiohttp", "urllib3", "http.client",
+                            "urllib.request", "h11"})  # fmt: skip
+"""HTTP client libraries other than the kit's one (httpx)."""
+OTHER_HTTP = {"launch.docker_api": {"requests"}, "docker.engine.build_inputs": {"urllib.request"}}
+"""The two that are not the kit's client: the Docker SDK speaks HTTP to the engine through
+requests and raises its errors, which the engine's error handling has to name; the image
+build's CA fetch runs before any package is installed, with the standard library alone."""
+
+
+def http_libraries(source: str) -> set[str]:
+    """The HTTP client libraries other than httpx that `source` imports."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+        found |= {n for n in names for lib in HTTP_LIBRARIES
+                  if n == lib or n.startswith(lib + ".")}  # fmt: skip
+    return found
+
+
+def test_the_kit_speaks_http_through_one_client_library():
+    """Every HTTP request the kit's code makes (checks, timed streams, registries, the Hub) goes
+    through httpx, but for `OTHER_HTTP`."""
+    used = {module_name(p): libs for p in kit_files(SOURCE)
+            if (libs := http_libraries(p.read_text(encoding="utf-8")))}
+    assert used == OTHER_HTTP
+    assert http_libraries("import requests\nfrom httptools import parser\n") == {
+        "requests", "httptools"}

@@ -20,10 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import requests
-
 from serving.bench.client import StreamResult, Target, request_json, stream_chat
-from smoke.client import CheckFailed, Server, exact_messages, metrics_text
+from smoke.client import CheckFailed, RequestError, Server, exact_messages, metrics_text
 from smoke.metrics import (
     EXTERNAL_HITS,
     PREFIX_HITS,
@@ -111,7 +109,7 @@ async def metrics_or_none(server: Server) -> str | None:
     server does not answer it."""
     try:
         return await asyncio.to_thread(metrics_text, server)
-    except (CheckFailed, requests.RequestException):
+    except (CheckFailed, RequestError):
         return None
 
 
@@ -221,7 +219,7 @@ async def exact_prompt(settings: RequestSettings, tokens: int, salt: str) -> str
 
     try:
         built = await asyncio.to_thread(exact_messages, settings.server, tokens, messages)
-    except (CheckFailed, requests.RequestException) as err:
+    except (CheckFailed, RequestError) as err:
         raise BenchError(f"no {tokens:,}-token prompt: {err}") from err
     return built[0]["content"]
 

@@ -1,38 +1,47 @@
-"""A lean asynchronous streaming client for OpenAI chat completions (HTTP/1.1 + SSE).
+"""The timed streams of the bench and the soak: OpenAI chat completions streamed over SSE on the
+kit's HTTP client library (httpx, asynchronous; the checks use it synchronously,
+`smoke.client`), with arrival times taken as the bytes arrive.
 
-The load generator must not be the bottleneck nor bias latency. Each request is one connection
-(no pool, so no cap below the concurrency), driven by an `asyncio.Protocol` that hands the bytes
-to httptools (llhttp, the parser uvicorn uses) as they arrive: HTTP/1.1 response framing, chunked
-or not, whatever the TCP reads split. The body is split into SSE events and the server's own token
-count read from `continuous_usage_stats` (no re-tokenizing). The request is one fixed head with a
-Content-Length, written as bytes: nothing there to frame. Arrival times are taken once per
-network read: all tokens in one read arrived together. TTFT runs from the moment the request
-bytes were written.
+The load generator must not be the bottleneck nor bias latency. Each request has a connection
+of its own (a client per stream, so no pool caps the concurrency; the clients share one TLS
+context, built once, since building one is most of a client's cost). HTTP/1.1 framing, chunked
+or not, is httpx's (h11). The body is split into SSE events here and the server's own token
+count read from `continuous_usage_stats` (no re-tokenizing). Arrival times are taken once per
+piece of body httpx hands over, one per network read: all tokens in one read arrived together.
+TTFT runs from the moment the request body was sent (httpx's `http11.send_request_body`
+trace event).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
+import ssl
 import time
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
-import httptools
+import httpx
+
+from smoke.client import CONNECT_TIMEOUT
 
 _TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
 _PROMPT = re.compile(rb'"prompt_tokens":\s*(\d+)')
 _ERROR_EVENT = re.compile(rb'^data: (\{"error":.*)$', re.MULTILINE)
 """An error vLLM reports inside a stream that had begun (its `ErrorResponse` as an SSE event,
 then `[DONE]`): HTTP 200 and a `[DONE]`, yet the request failed."""
-READ_LIMIT = 1 << 20  # a response head may not exceed this
+BODY_SENT = "http11.send_request_body.complete"
+"""httpcore's trace event once the request's last byte is written."""
 
 
 @dataclass(frozen=True)
 class Target:
-    host: str
-    port: int
+    """Where the timed streams go: the server's base URL and its API key."""
+
+    base_url: str
     api_key: str | None = None
 
     @classmethod
@@ -40,16 +49,11 @@ class Target:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"{url!r}: only http://host:port URLs are supported")
-        return cls(parts.hostname, parts.port or 80, api_key)
+        return cls(url.rstrip("/"), api_key)
 
-    def request(self, method: str, path: str, body: bytes = b"") -> bytes:
-        auth = f"Authorization: Bearer {self.api_key}\r\n" if self.api_key else ""
-        head = (
-            f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n{auth}"
-            f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-        )
-        return head.encode() + body
+    def headers(self) -> dict[str, str]:
+        auth = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        return {**auth, "Content-Type": "application/json", "Accept": "text/event-stream"}
 
 
 @dataclass
@@ -81,49 +85,21 @@ def error_message(event: bytes) -> str:
         return event[:200].decode("utf-8", "replace")
 
 
-class StreamProtocol(asyncio.Protocol):
-    """The connection of one streamed request; httptools calls the `on_*` methods."""
+class SseTokens:
+    """A streamed chat completion's body, fed as it arrives, into `result`: the completion
+    tokens so far at each arrival, the prompt's tokens, an error event, `[DONE]`."""
 
-    def __init__(self, result: StreamResult, finished: asyncio.Future[None]) -> None:
+    def __init__(self, result: StreamResult) -> None:
         self.result = result
-        self.finished = finished
-        self.parser = httptools.HttpResponseParser(self)
-        self.events = bytearray()  # body bytes not yet split into SSE events
+        self.pending = bytearray()  # body bytes not yet split into SSE events
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        # every body byte already reached `_events`; without `[DONE]` the stream was cut
-        if not self.finished.done():
-            if not self.result.done and self.result.error is None:
-                self.result.error = "connection closed before [DONE]"
-            self.finished.set_result(None)
-
-    def data_received(self, data: bytes) -> None:
-        if self.finished.done():
-            return
-        now = time.perf_counter()
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError as err:
-            self._fail(f"HTTP framing: {err}")
-            return
-        if self.result.status == 200:
-            self._events(now)
-
-    def on_headers_complete(self) -> None:
-        self.result.status = self.parser.get_status_code()
-        if self.result.status != 200:
-            self._fail(f"HTTP {self.result.status}")
-
-    def on_body(self, body: bytes) -> None:
-        self.events += body
-
-    def _events(self, now: float) -> None:
-        buf = self.events
-        cut = buf.rfind(b"\n\n")
+    def feed(self, body: bytes, now: float) -> None:
+        self.pending += body
+        cut = self.pending.rfind(b"\n\n")
         if cut < 0:
             return
-        complete = bytes(buf[: cut + 2])
-        del buf[: cut + 2]
+        complete = bytes(self.pending[: cut + 2])
+        del self.pending[: cut + 2]
         r = self.result
         match = None
         for match in _TOKENS.finditer(complete):  # noqa: B007 - the last match is wanted
@@ -142,13 +118,18 @@ class StreamProtocol(asyncio.Protocol):
         if complete.endswith(b"data: [DONE]\n\n"):
             r.done = True
             r.t_end = now
-            if not self.finished.done():
-                self.finished.set_result(None)
 
-    def _fail(self, message: str) -> None:
-        self.result.error = message
-        if not self.finished.done():
-            self.finished.set_result(None)
+
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """The one TLS context every client shares (the kit's URLs are http://; httpx builds one
+    per client unless given one, about 40 ms of CPU each)."""
+    return ssl.create_default_context()
+
+
+def _client(timeout: float) -> httpx.AsyncClient:
+    return httpx.AsyncClient(verify=_tls(), timeout=httpx.Timeout(timeout,
+                                                                  connect=CONNECT_TIMEOUT))
 
 
 async def stream_chat(
@@ -158,60 +139,51 @@ async def stream_chat(
 
     Pass `result` to watch a request that may be cancelled: it holds what arrived until then.
     """
-    loop = asyncio.get_running_loop()
     result = result if result is not None else StreamResult(t_queued=time.perf_counter())
-    finished: asyncio.Future[None] = loop.create_future()
-    transport = None
+    events = SseTokens(result)
+
+    async def sent(event: str, _info: dict[str, Any]) -> None:
+        if event == BODY_SENT:
+            result.t_sent = time.perf_counter()
+
     try:
-        transport, _ = await asyncio.wait_for(
-            loop.create_connection(lambda: StreamProtocol(result, finished),
-                                   target.host, target.port),
-            timeout,
-        )  # fmt: skip
-        transport.write(target.request("POST", "/v1/chat/completions", payload))
-        result.t_sent = time.perf_counter()
-        await asyncio.wait_for(asyncio.shield(finished), timeout)
+        async with asyncio.timeout(timeout), _client(timeout) as client, client.stream(
+            "POST", f"{target.base_url}/v1/chat/completions", content=payload,
+            headers=target.headers(), extensions={"trace": sent},
+        ) as response:  # fmt: skip
+            result.status = response.status_code
+            if result.status != 200:
+                result.error = f"HTTP {result.status}"
+                return result
+            async for body in response.aiter_raw():
+                events.feed(body, time.perf_counter())
+                if result.done:
+                    return result
+        result.error = result.error or "connection closed before [DONE]"
     except TimeoutError:
         result.error = result.error or f"timed out after {timeout:.0f} s"
-    except OSError as err:
-        result.error = f"connection failed: {err.strerror or err}"
+    except httpx.TimeoutException:
+        result.error = result.error or f"timed out after {timeout:.0f} s"
+    except httpx.RemoteProtocolError as err:
+        # the server closed mid-response: a cut stream once the head came, else no answer
+        result.error = result.error or ("connection closed before [DONE]"
+                                         if result.status == 200 else f"HTTP framing: {err}")
+    except (httpx.HTTPError, OSError) as err:
+        result.error = result.error or f"connection failed: {err}"
     except asyncio.CancelledError:
         # The caller stopped it; closing the connection may already have reported the cut.
         result.cancelled = True
         raise
-    finally:
-        if transport is not None:
-            transport.close()
     return result
-
-
-class _Response:
-    """A whole response as httptools parses it (status, body)."""
-
-    def __init__(self) -> None:
-        self.body = bytearray()
-        self.parser = httptools.HttpResponseParser(self)
-
-    def on_body(self, body: bytes) -> None:
-        self.body += body
 
 
 async def request_json(target: Target, method: str, path: str, body: object | None = None,
                        *, timeout: float = 60.0) -> tuple[int, object]:  # fmt: skip
     """A small non-streaming request; (status, decoded JSON or text)."""
-    data = b"" if body is None else json.dumps(body).encode()
-    reader, writer = await asyncio.wait_for(
-        asyncio.open_connection(target.host, target.port, limit=READ_LIMIT), timeout
-    )
+    async with _client(timeout) as client:
+        response = await client.request(method, f"{target.base_url}{path}", json=body,
+                                        headers=target.headers())  # fmt: skip
     try:
-        writer.write(target.request(method, path, data))
-        raw = await asyncio.wait_for(reader.read(), timeout)
-    finally:
-        writer.close()
-    response = _Response()
-    response.parser.feed_data(raw)
-    text = bytes(response.body).decode("utf-8", "replace")
-    try:
-        return response.parser.get_status_code(), json.loads(text)
+        return response.status_code, response.json()
     except ValueError:
-        return response.parser.get_status_code(), text
+        return response.status_code, response.text

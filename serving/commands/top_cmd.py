@@ -14,14 +14,12 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 
-import requests
-
 from launch.cli_args import duration
 from launch.compose_config import REPLICAS_FILE
 from launch.compose_env import generated
 from serving.served import add_served_arguments, replica_urls, served
 from serving.top import Reading, View, reading, screen, view
-from smoke.client import CheckFailed, Server, metrics_text
+from smoke.client import CheckFailed, RequestError, Server, metrics_text
 
 NAME = "top"
 DEFAULT_INTERVAL_S = 1.0
@@ -62,7 +60,7 @@ def watch(servers: Mapping[str, Server], interval_s: float, *, once: bool, as_js
           on_screen: bool, out: Callable[[str], None],
           sleep: Callable[[float], None] = time.sleep) -> int:  # fmt: skip
     """Read every server's /metrics each `interval_s` and show what each did in between."""
-    errors = (CheckFailed, requests.RequestException, ValueError)
+    errors = (CheckFailed, RequestError, ValueError)
     before: dict[str, Reading | str] = {}
     for name, server in servers.items():
         try:
