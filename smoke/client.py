@@ -84,8 +84,9 @@ class StreamCut(CheckFailed):
 @functools.cache
 def _client() -> httpx.Client:
     """One connection pool for the process (httpx's client is safe to share between threads);
-    each request carries its server's headers and timeouts."""
-    return httpx.Client()
+    each request carries its server's headers and timeouts. No cap on open connections: a check
+    may hold many streams open at once (the default pool would make the 101st wait)."""
+    return httpx.Client(limits=httpx.Limits(max_connections=None, max_keepalive_connections=32))
 
 
 def send(server: Server, method: str, path: str, *, body: object | None = None,
