@@ -30,6 +30,7 @@ if str(REPO) not in sys.path:
 from launch.compose_env import DEFAULT_ENV_PATH  # noqa: E402
 from launch.compose_files import PROJECT, SERVICE  # noqa: E402
 from launch.image_lock import COMPOSE_DIR, LOCK_VAR, read_lock, write_lock  # noqa: E402
+from smoke.client import RequestError  # noqa: E402
 from smoke.containers import restarting  # noqa: E402
 from smoke.metrics import FINISHED, parse_counter  # noqa: E402
 
@@ -118,7 +119,8 @@ class Run:
                 ok, detail = True, step.body(self)
             except StepFailed as err:
                 ok, detail = False, str(err)
-            except (subprocess.TimeoutExpired, requests.RequestException, OSError) as err:
+            except (subprocess.TimeoutExpired, requests.RequestException, RequestError,
+                    OSError) as err:
                 ok, detail = False, f"{type(err).__name__}: {err}"
             except Exception as err:  # a defect in the step itself still ends in its FAIL line
                 ok, detail = False, f"step crashed: {type(err).__name__}: {err}"

@@ -99,7 +99,8 @@ def vanished_clients(run: Run) -> str:
     for _ in range(NEXT):
         answer = post_json(server, {"messages": [{"role": "user", "content": "Count on."}],
                                     "max_tokens": NEXT_TOKENS, "ignore_eos": True})  # fmt: skip
-        served.append(usage_counts(decode_json(answer))[1] if answer.ok else answer.status_code)
+        served.append(usage_counts(decode_json(answer))[1] if answer.status_code == 200
+                      else answer.status_code)
     if served != [NEXT_TOKENS] * NEXT:
         raise StepFailed(f"the next {NEXT} requests were not served normally (completion tokens "
                          f"or HTTP status): {served}")  # fmt: skip

@@ -9,10 +9,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-import requests
-
 from launch.loader import load
-from smoke.client import CheckFailed, Server, first_choice, stream_chunks
+from smoke.client import CheckFailed, RequestError, Server, first_choice, stream_chunks
 from tests.e2e.harness import (
     HOST_PORT,
     PROFILE,
@@ -111,7 +109,7 @@ def stream(server: Server, out: Stream, started: threading.Event) -> None:
             out.tokens += 1
             started.set()
             out.finish = choice.get("finish_reason") or out.finish
-    except (CheckFailed, requests.RequestException) as err:
+    except (CheckFailed, RequestError) as err:
         out.error = f"{type(err).__name__}: {str(err)[:80]}"
     finally:
         out.ended = time.monotonic()
