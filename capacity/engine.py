@@ -181,8 +181,9 @@ def glm53_specs(argv: tuple[str, ...], env: dict[str, str],
     with tempfile.TemporaryDirectory() as work:
         specs = build(shape, Path(work))
     config = vllm_config(shape, text_config())
-    # the drafter's own lookahead keeps no extra window tokens for DFlash or MTP (vLLM's
-    # `num_prefill_lookahead_tokens` - 1 = 0), so its config is not needed for the plan
+    # a drafter's lookahead only keeps extra tokens in sliding windows (vLLM's
+    # `num_prefill_lookahead_tokens` - 1), and the one windowed drafter planned here, DFlash,
+    # reads one token ahead: none, so its config is not needed for the plan
     config.speculative_config = None
     # what a sliding-window draft keeps per request: the window and every in-flight batch
     # (vLLM's `max_in_flight_tokens`); asynchronous scheduling is vLLM's default for the server
