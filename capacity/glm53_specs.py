@@ -115,11 +115,9 @@ class Shape:
     """A DFlash2 draft's attention backend (its speculative config's `attention_backend`); empty:
     no draft layers. Its layers are `DFLASH2`'s, built with vLLM's `Attention`."""
     draft_kv_cache_dtype: str = "auto"
-    """The draft's speculative config `kv_cache_dtype` (auto: the model's dtype)."""
-    draft_replicated: bool = True
-    """Whether the draft keeps one cache on every DCP rank: vLLM's DFlash speculator config
-    decides (`capacity.engine.draft_replicated`); the model runner then builds the draft's
-    specs with `dcp_sharded=False`."""
+    """The draft's speculative config `kv_cache_dtype` (auto: the model's dtype). The draft keeps
+    one cache on every DCP rank: a vLLM that would shard it is refused before the build
+    (`capacity.engine.draft_replicated`)."""
 
 
 def text_config():
@@ -300,7 +298,7 @@ def build_rank(shape: Shape, rank: int, port: int) -> dict[str, Any]:
             specs[f"{prefix}.{part}"] = built[f"{prefix}.{part}"]
     if shape.draft_backend:
         draft = built[draft_name(0)]
-        if shape.draft_replicated and shape.dcp > 1:  # as vLLM's model runner does
+        if shape.dcp > 1:  # as vLLM's model runner does for a DCP-1 draft
             draft = dataclasses.replace(draft, dcp_sharded=False)
         specs.update({draft_name(i): draft for i in range(DFLASH2.layers)})
     return specs
@@ -342,7 +340,6 @@ def build(shape: Shape, work: Path) -> dict[str, Any]:
             "--mtp-layers", str(shape.mtp_layers), "--kda-prefill-backend",
             shape.kda_prefill_backend, "--draft-backend", shape.draft_backend,
             "--draft-kv-cache-dtype", shape.draft_kv_cache_dtype,
-            *([] if shape.draft_replicated else ["--draft-sharded"]),
             "--port", str(port), "--out", str(out)]  # fmt: skip
     # CUDA_VISIBLE_DEVICES empty: vLLM's start on an x86 CPU then takes PyPI's triton as it
     # takes it in a worker whose devices are not yet visible (vllm/triton_utils/importing.py)
@@ -378,15 +375,13 @@ def main() -> None:
     parser.add_argument("--kda-prefill-backend", default="auto")
     parser.add_argument("--draft-backend", default="")
     parser.add_argument("--draft-kv-cache-dtype", default="auto")
-    parser.add_argument("--draft-sharded", action="store_true")
     parser.add_argument("--rank", type=int)
     parser.add_argument("--port", type=int)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     shape = Shape(args.tp, args.dcp, args.spec_tokens, args.block, args.kv_cache_dtype,
                   args.max_model_len, args.attention_backend, args.mtp_layers,
-                  args.kda_prefill_backend, args.draft_backend, args.draft_kv_cache_dtype,
-                  not args.draft_sharded)
+                  args.kda_prefill_backend, args.draft_backend, args.draft_kv_cache_dtype)
     if args.rank is None:
         args.out.write_bytes(pickle.dumps(build(shape, args.out.parent)))
         return

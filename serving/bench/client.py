@@ -160,9 +160,7 @@ async def stream_chat(
                 if result.done:
                     return result
         result.error = result.error or "connection closed before [DONE]"
-    except TimeoutError:
-        result.error = result.error or f"timed out after {timeout:.0f} s"
-    except httpx.TimeoutException:
+    except (TimeoutError, httpx.TimeoutException):  # the whole stream's, or one read's
         result.error = result.error or f"timed out after {timeout:.0f} s"
     except httpx.RemoteProtocolError as err:
         # the server closed mid-response: a cut stream once the head came, else no answer
