@@ -18,5 +18,5 @@ which `capacity.glm53_specs.text_config` builds on (a test compares the two)."""
 RUNTIME_TARGET_BLOCK = 2304
 """The target block the qualified runtime's hybrid alignment gives GLM-5.3 without split pages
 (seed 000: '2304 planner alignment' beside the target; seed 004: 'The automatic 2304-token
-unified layout'): the smallest multiple of 128 tokens whose 528-byte latent page holds a
-recurrent state page."""
+unified layout'). At 528 bytes a row its latent page (1,216,512 bytes) holds either recurrent
+state page, MTP's 1,122,304 or DFlash's 1,171,456."""
